@@ -1,0 +1,136 @@
+"""The backend registry: one place that names every implementation (STYLE §5).
+
+Tests parametrise over it, ``rmsref check`` and the benchmarks walk it. Nothing is chosen behind the
+user's back: ``rmsref.rms_norm`` is always the NumPy oracle, and a fast path is asked for by name::
+
+    fast = rmsref.backend("numba_cpu")
+    y, rstd = fast.rms_norm_forward(x, 4096, w)
+
+A backend is a module exposing the oracle's function names with the oracle's signatures
+(DESIGN §2). Optional dependencies are imported only when a backend is asked for or probed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """How to load one backend and how to tell why it cannot be loaded."""
+
+    name: str
+    module: str
+    description: str
+    requires: tuple[str, ...] = ()
+    install_hint: str = ""
+    probe: Callable[[], str | None] | None = None
+
+
+def _probe_cuda() -> str | None:
+    """Why numba.cuda cannot run here, or None when a GPU (or the simulator) is usable."""
+    simulator = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"
+    try:
+        from numba import cuda
+    except Exception as exc:  # numba-cuda missing or broken
+        return f"numba.cuda cannot be imported ({exc}); pip install 'rmsref[cuda]'"
+    if simulator:
+        return None
+    try:
+        if cuda.is_available():
+            return None
+    except Exception as exc:  # driver errors surface here
+        return f"no usable CUDA driver ({exc}); set NUMBA_ENABLE_CUDASIM=1 to use the simulator"
+    return (
+        "no CUDA GPU or driver found; set NUMBA_ENABLE_CUDASIM=1 before numba is imported to run "
+        "the kernels in Numba's CUDA simulator (slow, for testing)"
+    )
+
+
+_REGISTRY: dict[str, BackendSpec] = {
+    spec.name: spec
+    for spec in (
+        BackendSpec(
+            name="numpy",
+            module="rmsref",
+            description="the float64 NumPy oracle (reference semantics, overflow-safe)",
+        ),
+        BackendSpec(
+            name="numba_cpu",
+            module="rmsref.kernels.numba_cpu",
+            description="Numba-parallel CPU kernels (rows in parallel, deterministic)",
+            requires=("numba",),
+            install_hint="pip install 'rmsref[numba]'",
+        ),
+        BackendSpec(
+            name="numba_cuda",
+            module="rmsref.kernels.numba_cuda",
+            description="numba.cuda kernels (block per row; runs in the CUDA simulator too)",
+            requires=("numba", "numba.cuda"),
+            install_hint="pip install 'rmsref[cuda]'",
+            probe=_probe_cuda,
+        ),
+    )
+}
+
+
+def backend_names() -> list[str]:
+    """Every registered backend name, available or not."""
+    return list(_REGISTRY)
+
+
+def why_unavailable(name: str) -> str | None:
+    """None when backend ``name`` can be used here, else the reason and how to fix it."""
+    spec = _spec(name)
+    for mod in spec.requires:
+        try:
+            found = importlib.util.find_spec(mod) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            return f"{mod} is not installed; {spec.install_hint}".rstrip("; ")
+    if spec.probe is not None:
+        return spec.probe()
+    return None
+
+
+def is_available(name: str) -> bool:
+    """True when backend ``name`` can be loaded here."""
+    return why_unavailable(name) is None
+
+
+def available_backends() -> dict[str, str | None]:
+    """Map every backend name to None (available) or the reason it is not."""
+    return {name: why_unavailable(name) for name in _REGISTRY}
+
+
+def backend(name: str) -> ModuleType:
+    """The module implementing backend ``name`` (same function names and signatures as rmsref).
+
+    Raises ``ValueError`` for an unknown name and ``RuntimeError`` (with the reason and an install
+    hint) for a backend that cannot run here.
+    """
+    spec = _spec(name)
+    reason = why_unavailable(name)
+    if reason is not None:
+        raise RuntimeError(f"backend {name!r} is unavailable: {reason}")
+    return importlib.import_module(spec.module)
+
+
+def describe(name: str) -> str:
+    """One line saying what backend ``name`` is."""
+    return _spec(name).description
+
+
+def _spec(name: str) -> BackendSpec:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown backend {name!r}; registered backends: {', '.join(_REGISTRY)}"
+        ) from None

@@ -1,0 +1,333 @@
+r"""LayerNorm, written as a diff against RMSNorm: LN(x) = RMSNorm(x − mean(x)) ⊙ w + b.
+
+For one row of N features (torch semantics: eps defaults to 1e-5, biased variance):
+
+Forward
+    (1)  mu   = (1/N) Σ_j x_j                 mean (refined once: mu += mean(x − mu))  (M, 1)
+    (2)  xc   = x − mu                        centred input                            (M, N)
+    (3)  var  = (1/N) Σ_j xc_j²               biased variance                          (M, 1)
+    (4)  rstd = 1 / sqrt(var + eps)                                                    (M, 1)
+    (5)  xhat = xc · rstd                                                              (M, N)
+    (6)  y    = xhat ⊙ w + b                                                           (M, N)
+Backward — RMSNorm's two paths plus one more, through the mean:
+    (7)  dxhat   = dy ⊙ w
+    (8)  c1      = (1/N) Σ_j dxhat_j              the path through mu
+    (9)  c2      = (1/N) Σ_j dxhat_j · xhat_j     the path through rstd (RMSNorm's c)
+    (10) dx      = rstd · (dxhat − c1 − xhat · c2)
+    (11) dweight = Σ_rows dy ⊙ xhat,   dbias = Σ_rows dy
+Since Σ_j xhat_j = 0, summing (10) over the row gives Σ_j dx_j = rstd·(N·c1 − N·c1 − 0) = 0:
+LayerNorm's input gradient has zero mean, RMSNorm's does not.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from rmsref import _sumsq
+from rmsref._module import NormModule
+from rmsref._rounding import round_to
+from rmsref._shapes import (
+    ShapeLike,
+    as_array,
+    check_rstd,
+    check_same_shape,
+    compute_dtype,
+    param_row,
+    prepare_input,
+    resolve_eps,
+    resolve_out_dtype,
+    stat_shape,
+)
+from rmsref.rmsnorm import _ColumnSum, _grad_out, _scale_offset
+
+__all__ = [
+    "LayerNorm",
+    "LayerNormGrads",
+    "layer_norm",
+    "layer_norm_backward",
+    "layer_norm_backward_staged",
+    "layer_norm_forward",
+    "layer_norm_jvp",
+]
+
+#: torch.nn.functional.layer_norm's default eps.
+DEFAULT_EPS = 1e-5
+
+
+class LayerNormGrads(NamedTuple):
+    """Gradients of LayerNorm: ∂L/∂x, ∂L/∂weight, ∂L/∂bias (None where there is no parameter)."""
+
+    dx: np.ndarray
+    dweight: np.ndarray | None
+    dbias: np.ndarray | None
+
+
+def _ln_stats_rows(xr: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """xhat (M, N), mean (M, 1), rstd (M, 1), overflow-safe. Eqs. (1)-(5)."""
+    k = _sumsq.row_exponents(xr, eps) if _sumsq.needs_scaling(xr.dtype) else None
+    xs = _sumsq.scale_rows(xr, k)  # (M, N)  x · 2^-k, exact
+    mu = np.mean(xs, axis=-1, keepdims=True)  # (M, 1)  eq. (1)
+    mu = mu + np.mean(xs - mu, axis=-1, keepdims=True)  # (M, 1)  one refinement step
+    xc = xs - mu  # (M, N)  eq. (2)
+    var = _sumsq.sum_of_squares(xc) / xs.shape[-1]  # (M, 1)  eq. (3)
+    denom = np.sqrt(var + _sumsq.scale_eps(eps, k))  # (M, 1)
+    xhat = xc / denom  # (M, N)  eq. (5)
+    return xhat, _sumsq.unscale(mu, k, 1), _sumsq.unscale(1.0 / denom, k, -1)
+
+
+def _ln_dx_rows(dxhat: np.ndarray, xhat: np.ndarray, rstd: np.ndarray) -> np.ndarray:
+    """Eqs. (8)-(10): dx = rstd · (dxhat − c1 − xhat · c2)."""
+    c1 = np.mean(dxhat, axis=-1, keepdims=True)  # (M, 1)  eq. (8)
+    c2 = np.mean(dxhat * xhat, axis=-1, keepdims=True)  # (M, 1)  eq. (9)
+    return rstd * (dxhat - c1 - xhat * c2)  # (M, N)  eq. (10)
+
+
+def layer_norm(
+    x: Any,
+    normalized_shape: ShapeLike,
+    weight: Any = None,
+    bias: Any = None,
+    eps: float = DEFAULT_EPS,
+) -> np.ndarray:
+    """LayerNorm with ``torch.nn.functional.layer_norm`` semantics, computed in float64.
+
+    Examples
+    --------
+    >>> import numpy as np, rmsref
+    >>> rmsref.layer_norm(np.array([1.0, 2.0, 3.0, 4.0]), 4).round(4)
+    array([-1.3416, -0.4472,  0.4472,  1.3416])
+    """
+    return layer_norm_forward(x, normalized_shape, weight, bias, eps)[0]
+
+
+def layer_norm_forward(
+    x: Any,
+    normalized_shape: ShapeLike,
+    weight: Any = None,
+    bias: Any = None,
+    eps: float = DEFAULT_EPS,
+    *,
+    out_dtype: Any = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """LayerNorm forward, eqs. (1)-(6): ``(y, mean, rstd)``.
+
+    ``mean`` and ``rstd`` are float64 (complex128 for complex input) with shape
+    ``x.shape[:-k] + (1,) * k``: O(rows) statistics, all the backward needs besides x.
+    """
+    x, shape, xrows = prepare_input(x, normalized_shape)
+    weight_arr = None if weight is None else as_array(weight, "weight")
+    ctype = compute_dtype(x, weight_arr)
+    eps = resolve_eps(eps, x.dtype, default=DEFAULT_EPS)
+    dtype = resolve_out_dtype(out_dtype, x)
+    m, n = xrows.shape
+    wt = _scale_offset(param_row(weight_arr, "weight", shape, ctype), 0.0, n, ctype)
+    b = param_row(bias, "bias", shape, ctype)
+
+    y = np.empty((m, n), dtype)
+    mean = np.empty((m, 1), ctype)
+    rstd = np.empty((m, 1), ctype)
+    with np.errstate(all="ignore"):
+        for rows in _sumsq.row_chunks(m, n):
+            xhat, mean[rows], rstd[rows] = _ln_stats_rows(xrows[rows].astype(ctype), eps)
+            yr = xhat * wt  # (m, N)  eq. (6)
+            if b is not None:
+                yr += b
+            y[rows] = round_to(yr, dtype)
+    stat = stat_shape(x, shape)
+    return y.reshape(x.shape), mean.reshape(stat), rstd.reshape(stat)
+
+
+def layer_norm_backward(
+    dy: Any,
+    x: Any,
+    normalized_shape: ShapeLike,
+    weight: Any = None,
+    bias: Any = None,
+    eps: float = DEFAULT_EPS,
+    *,
+    mean: Any = None,
+    rstd: Any = None,
+) -> LayerNormGrads:
+    """LayerNorm backward in closed form, eqs. (7)-(11).
+
+    ``mean`` and ``rstd``, when given (both), are the forward's saved statistics and are used as
+    they are; otherwise they are recomputed from ``x``.
+    """
+    x, shape, xrows = prepare_input(x, normalized_shape)
+    dy_arr = as_array(dy, "dy")
+    check_same_shape(dy_arr, x, "dy")
+    weight_arr = None if weight is None else as_array(weight, "weight")
+    bias_arr = None if bias is None else as_array(bias, "bias")
+    ctype = compute_dtype(x, dy_arr, weight_arr)
+    eps = resolve_eps(eps, x.dtype, default=DEFAULT_EPS)
+    m, n = xrows.shape
+    wt = _scale_offset(param_row(weight_arr, "weight", shape, ctype), 0.0, n, ctype)
+    param_row(bias_arr, "bias", shape, ctype)
+    if (mean is None) != (rstd is None):
+        raise ValueError("pass both mean and rstd (the forward's saved statistics), or neither")
+    saved_mean = check_rstd(mean, x, shape)
+    saved_rstd = check_rstd(rstd, x, shape)
+    dyrows = dy_arr.reshape(m, n)
+
+    dx = np.empty((m, n), x.dtype)
+    dweight = _ColumnSum(n, ctype)
+    dbias = _ColumnSum(n, ctype)
+    with np.errstate(all="ignore"):
+        for rows in _sumsq.row_chunks(m, n):
+            xr = xrows[rows].astype(ctype)
+            if saved_rstd is None:
+                xhat, _, rstd_r = _ln_stats_rows(xr, eps)
+            else:
+                rstd_r = saved_rstd[rows].astype(ctype)
+                xhat = (xr - saved_mean[rows].astype(ctype)) * rstd_r  # eq. (5)
+            dyr = dyrows[rows].astype(ctype)
+            dx[rows] = round_to(_ln_dx_rows(dyr * wt, xhat, rstd_r), x.dtype)  # eqs. (7)-(10)
+            if weight_arr is not None:
+                dweight.add(dyr * xhat)  # eq. (11)
+            if bias_arr is not None:
+                dbias.add(dyr)
+    return LayerNormGrads(
+        dx.reshape(x.shape),
+        _grad_out(dweight.value(), weight_arr, shape),
+        _grad_out(dbias.value(), bias_arr, shape),
+    )
+
+
+def layer_norm_backward_staged(
+    dy: Any,
+    x: Any,
+    normalized_shape: ShapeLike,
+    weight: Any = None,
+    bias: Any = None,
+    eps: float = DEFAULT_EPS,
+    *,
+    mean: Any = None,
+    rstd: Any = None,
+) -> LayerNormGrads:
+    """LayerNorm backward, one line per forward node, reversed (teaching version; no scaling).
+
+    Compared with RMSNorm's staged backward there are two more nodes (mu and xc = x − mu) and so
+    two ``+=``: x feeds both mu and xc, and xc feeds both xc² and xhat.
+    """
+    del mean, rstd  # recomputed below, node by node
+    x_in, shape, _ = prepare_input(x, normalized_shape)
+    dy_in = as_array(dy, "dy")
+    check_same_shape(dy_in, x_in, "dy")
+    weight_in = None if weight is None else as_array(weight, "weight")
+    bias_in = None if bias is None else as_array(bias, "bias")
+    ctype = compute_dtype(x_in, dy_in, weight_in)
+    eps = resolve_eps(eps, x_in.dtype, default=DEFAULT_EPS)
+    n = int(np.prod(shape))
+    x = x_in.reshape(-1, n).astype(ctype)  # (M, N)
+    dy = dy_in.reshape(-1, n).astype(ctype)  # (M, N)
+    w = param_row(weight_in, "weight", shape, ctype)
+    param_row(bias_in, "bias", shape, ctype)
+
+    with np.errstate(all="ignore"):
+        # forward, one node per line
+        mu = np.sum(x, axis=-1, keepdims=True) / n  # (M, 1)  node 1, eq. (1)
+        xc = x - mu  # (M, N)  node 2, eq. (2)
+        xc2 = xc * xc  # (M, N)  node 3
+        var = np.sum(xc2, axis=-1, keepdims=True) / n  # (M, 1)  node 4, eq. (3)
+        v = var + eps  # (M, 1)  node 5
+        std = np.sqrt(v)  # (M, 1)  node 6
+        rstd_ = 1.0 / std  # (M, 1)  node 7, eq. (4)
+        xhat = xc * rstd_  # (M, N)  node 8, eq. (5)
+        wt = np.ones((1, n), ctype) if w is None else w  # (1, N)
+        # node 9: y = xhat * wt + b
+
+        # backward, nodes reversed
+        dxhat = dy * wt  # (M, N)  node 9 -> xhat, eq. (7)
+        dweight = np.sum(dy * xhat, axis=0)  # (N,)  node 9 -> w
+        dbias = np.sum(dy, axis=0)  # (N,)  node 9 -> b
+        dxc = dxhat * rstd_  # (M, N)  node 8 -> xc, first path
+        drstd = np.sum(dxhat * xc, axis=-1, keepdims=True)  # (M, 1)  node 8 -> rstd
+        dstd = -drstd / (std * std)  # (M, 1)  node 7
+        dv = dstd / (2.0 * std)  # (M, 1)  node 6
+        dvar = dv  # (M, 1)  node 5
+        dxc2 = np.broadcast_to(dvar / n, xc2.shape)  # (M, N)  node 4
+        dxc += 2.0 * xc * dxc2  # (M, N)  node 3 -> xc, second path (+=)
+        dx = dxc.copy()  # (M, N)  node 2 -> x, first path
+        dmu = -np.sum(dxc, axis=-1, keepdims=True)  # (M, 1)  node 2 -> mu
+        dx += dmu / n  # (M, N)  node 1 -> x, second path (+=)
+
+    return LayerNormGrads(
+        round_to(dx, x_in.dtype).reshape(x_in.shape),
+        _grad_out(dweight, weight_in, shape),
+        _grad_out(dbias, bias_in, shape),
+    )
+
+
+def layer_norm_jvp(
+    x: Any,
+    dx_tan: Any,
+    normalized_shape: ShapeLike,
+    weight: Any = None,
+    bias: Any = None,
+    eps: float = DEFAULT_EPS,
+    *,
+    dweight_tan: Any = None,
+    dbias_tan: Any = None,
+) -> np.ndarray:
+    """Forward-mode derivative.
+
+    ``dy_t = w ⊙ rstd·(t − mean(t) − xhat·mean(xhat⊙t)) + xhat ⊙ dweight_t + dbias_t``.
+    """
+    x, shape, xrows = prepare_input(x, normalized_shape)
+    t = as_array(dx_tan, "dx_tan")
+    check_same_shape(t, x, "dx_tan")
+    weight_arr = None if weight is None else as_array(weight, "weight")
+    ctype = compute_dtype(x, t, weight_arr)
+    eps = resolve_eps(eps, x.dtype, default=DEFAULT_EPS)
+    m, n = xrows.shape
+    wt = _scale_offset(param_row(weight_arr, "weight", shape, ctype), 0.0, n, ctype)
+    param_row(bias, "bias", shape, ctype)
+    dw_t = param_row(dweight_tan, "dweight_tan", shape, ctype)
+    db_t = param_row(dbias_tan, "dbias_tan", shape, ctype)
+    trows = t.reshape(m, n)
+
+    dy_t = np.empty((m, n), x.dtype)
+    with np.errstate(all="ignore"):
+        for rows in _sumsq.row_chunks(m, n):
+            xhat, _, rstd = _ln_stats_rows(xrows[rows].astype(ctype), eps)
+            tr = trows[rows].astype(ctype)
+            tc = tr - np.mean(tr, axis=-1, keepdims=True)  # tangent of xc
+            s = np.mean(xhat * tc, axis=-1, keepdims=True)  # (m, 1)
+            out = rstd * (tc - xhat * s) * wt  # (m, N)
+            if dw_t is not None:
+                out += xhat * dw_t
+            if db_t is not None:
+                out += db_t
+            dy_t[rows] = round_to(out, x.dtype)
+    return dy_t.reshape(x.shape)
+
+
+class LayerNorm(NormModule):
+    """A torch-like LayerNorm module on NumPy arrays (weight and bias, eps = 1e-5).
+
+    Examples
+    --------
+    >>> import rmsref
+    >>> ln = rmsref.LayerNorm(8)
+    >>> ln, ln.num_parameters
+    (LayerNorm((8,), eps=1e-05, elementwise_affine=True, bias=True), 16)
+    """
+
+    def __init__(
+        self,
+        normalized_shape: ShapeLike,
+        eps: float = DEFAULT_EPS,
+        elementwise_affine: bool = True,
+        bias: bool = True,
+        *,
+        dtype: Any = np.float32,
+    ) -> None:
+        super().__init__(normalized_shape, eps, elementwise_affine, bias, dtype=dtype)
+
+    def forward(self, x: Any) -> np.ndarray:
+        return layer_norm_forward(x, self.normalized_shape, self.weight, self.bias, self.eps)[0]
+
+    def backward(self, dy: Any, x: Any) -> LayerNormGrads:
+        return layer_norm_backward(dy, x, self.normalized_shape, self.weight, self.bias, self.eps)

@@ -1,0 +1,773 @@
+r"""RMSNorm: forward, analytic backward, forward mode and double backward, in float64 NumPy.
+
+This is the file to read to learn how RMSNorm's backward pass is derived. For one row x of N
+features (``normalized_shape`` flattened), weight w, optional bias b, and K = N features used for
+the statistic (K = floor(N·p) for pRMSNorm, the "partial" RMSNorm of the original paper):
+
+Forward
+    (1)  ms   = (1/K) Σ_{j<K} x_j²                  mean of squares          (M, 1)
+    (2)  rstd = 1 / sqrt(ms + eps)                   reciprocal RMS           (M, 1)
+    (3)  xhat = x · rstd                             normalised input         (M, N)
+    (4)  y    = xhat ⊙ (offset + w) + b              affine output            (M, N)
+
+Backward (dX means ∂L/∂X). Let m_j = [j < K] mark the features that feed the statistic.
+    (5)  dxhat   = dy ⊙ (offset + w)                                          (M, N)
+    (6)  c       = (1/K) Σ_j dxhat_j · xhat_j        the path through rstd    (M, 1)
+    (7)  dx      = rstd · (dxhat − m ⊙ xhat · c)     direct term − projection (M, N)
+    (8)  dweight = Σ_rows dy ⊙ xhat                                           (N,)
+    (9)  dbias   = Σ_rows dy                                                  (N,)
+
+Equation (7) comes from the two paths by which x reaches y: directly in (3) (the term
+rstd·dxhat) and through the statistic (1)-(2), since ∂rstd/∂x_j = −rstd³·m_j·x_j/K. With
+eps = 0 and K = N, dx is orthogonal to x: the Jacobian rstd·(I − xhat·xhatᵀ/N) projects out
+the radial direction, because scaling x does not change y.
+
+Forward mode (JVP) along a tangent dx_t (and dweight_t, dbias_t):
+    (10) s    = (1/K) Σ_{j<K} xhat_j · dx_t_j                                 (M, 1)
+    (11) dy_t = (offset + w) ⊙ rstd · (dx_t − xhat · s) + xhat ⊙ dweight_t + dbias_t
+
+Numerical policy (DESIGN §3): everything is computed in float64 (complex128 for complex inputs, so
+that complex-step differentiation works: only ``x*x`` and ``np.sqrt``, never ``abs``); results are
+rounded once to the output dtype; rows are scaled by powers of two so that squaring cannot
+overflow or underflow (see ``rmsref._sumsq``); rows are processed in chunks so float64 temporaries
+stay near 64 MiB whatever the input size.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from rmsref import _sumsq
+from rmsref._module import NormModule
+from rmsref._rounding import round_to
+from rmsref._shapes import (
+    ShapeLike,
+    as_array,
+    check_rstd,
+    check_same_shape,
+    compute_dtype,
+    param_row,
+    prepare_input,
+    resolve_eps,
+    resolve_out_dtype,
+    resolve_partial,
+    stat_shape,
+)
+
+__all__ = [
+    "AddRMSNormGrads",
+    "RMSNorm",
+    "RMSNormDoubleGrads",
+    "RMSNormGrads",
+    "add_rms_norm",
+    "add_rms_norm_backward",
+    "add_rms_norm_forward",
+    "rms_norm",
+    "rms_norm_backward",
+    "rms_norm_backward_staged",
+    "rms_norm_double_backward",
+    "rms_norm_forward",
+    "rms_norm_jvp",
+]
+
+
+class RMSNormGrads(NamedTuple):
+    """Gradients of RMSNorm: ∂L/∂x, ∂L/∂weight, ∂L/∂bias (None where there is no parameter)."""
+
+    dx: np.ndarray
+    dweight: np.ndarray | None
+    dbias: np.ndarray | None
+
+
+class RMSNormDoubleGrads(NamedTuple):
+    """Second-order gradients: of a scalar of the backward's outputs w.r.t. x, weight, dy."""
+
+    dx: np.ndarray
+    dweight: np.ndarray | None
+    ddy: np.ndarray
+
+
+class AddRMSNormGrads(NamedTuple):
+    """Gradients of the fused residual add + RMSNorm w.r.t. x, residual and weight."""
+
+    dx: np.ndarray
+    dresidual: np.ndarray
+    dweight: np.ndarray | None
+
+
+# --------------------------------------------------------------------------------------------
+# Row kernels: (M, N) float64/complex128 rows in, float64 results out. The public functions
+# below validate, flatten, chunk and round; these hold the math.
+# --------------------------------------------------------------------------------------------
+
+
+def _stats_rows(
+    xr: np.ndarray, eps: float, k_feat: int, divisor: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """xhat (M, N) and rstd (M, 1) of rows ``xr``, overflow-safe. Eqs. (1)-(3).
+
+    ``divisor`` replaces K in eq. (1): 1 turns the mean of squares into the sum of squares
+    (unit-norm, :mod:`rmsref.unitnorm`).
+    """
+    divisor = k_feat if divisor is None else divisor
+    k = _sumsq.row_exponents(xr, eps) if _sumsq.needs_scaling(xr.dtype) else None
+    xs = _sumsq.scale_rows(xr, k)  # (M, N)  x · 2^-k, exact
+    ms = _sumsq.sum_of_squares(xs[:, :k_feat]) / divisor  # (M, 1)  eq. (1), scaled units
+    denom = np.sqrt(ms + _sumsq.scale_eps(eps, k))  # (M, 1)  sqrt(ms + eps), scaled units
+    xhat = xs / denom  # (M, N)  eq. (3): the scale cancels
+    rstd = _sumsq.unscale(1.0 / denom, k, -1)  # (M, 1)  eq. (2)
+    return xhat, rstd
+
+
+def _dx_rows(
+    dxhat: np.ndarray, xhat: np.ndarray, rstd: np.ndarray, k_feat: int, divisor: int | None = None
+) -> np.ndarray:
+    """Eqs. (6)-(7): dx = rstd · (dxhat − m ⊙ xhat · c); ``divisor`` as in ``_stats_rows``."""
+    divisor = k_feat if divisor is None else divisor
+    c = np.sum(dxhat * xhat, axis=-1, keepdims=True) / divisor  # (M, 1)  eq. (6)
+    proj = xhat * c  # (M, N)  the path through rstd
+    if k_feat < xhat.shape[-1]:
+        proj[:, k_feat:] = 0.0  # features past K do not feed the statistic (m_j = 0)
+    return rstd * (dxhat - proj)  # (M, N)  eq. (7)
+
+
+def _row_sum(a: np.ndarray) -> np.ndarray:
+    """Sum over rows (axis 0) by pairwise halving: error ~log2(M)·u, not M·u as a running sum."""
+    while a.shape[0] > 1:
+        half = a.shape[0] // 2
+        head = a[:half] + a[half : 2 * half]
+        a = np.concatenate([head, a[2 * half :]]) if a.shape[0] % 2 else head
+    return a[0] if a.shape[0] else np.zeros(a.shape[1:], a.dtype)
+
+
+class _ColumnSum:
+    """Compensated running sum of per-chunk column sums (TwoSum), for dweight and dbias."""
+
+    def __init__(self, n: int, dtype: np.dtype) -> None:
+        self.total = np.zeros(n, dtype)
+        self.err = np.zeros(n, dtype)
+
+    def add(self, rows: np.ndarray) -> None:
+        part = _row_sum(rows)
+        s = self.total + part
+        bb = s - self.total
+        self.err += (self.total - (s - bb)) + (part - bb)  # TwoSum: exact rounding error of s
+        self.total = s
+
+    def value(self) -> np.ndarray:
+        return self.total + self.err
+
+
+def _scale_offset(weight: np.ndarray | None, offset: float, n: int, ctype: np.dtype) -> np.ndarray:
+    """The weight as used, (1, N): offset + w, or ones when there is no weight."""
+    if weight is None:
+        return np.full((1, n), 1.0 + offset, ctype) if offset else np.ones((1, n), ctype)
+    return weight + offset if offset else weight
+
+
+def _grad_out(g: np.ndarray | None, like: np.ndarray | None, shape: tuple[int, ...]) -> Any:
+    """A parameter gradient rounded to its parameter's dtype and shape (None without one)."""
+    if like is None or g is None:
+        return None
+    return round_to(g, like.dtype).reshape(shape)
+
+
+def _param(p: Any, name: str, shape: tuple[int, ...], ctype: np.dtype) -> tuple[Any, Any]:
+    """(validated original array, (1, N) row in the compute dtype) for an optional parameter."""
+    if p is None:
+        return None, None
+    arr = as_array(p, name)
+    return arr, param_row(arr, name, shape, ctype)
+
+
+# --------------------------------------------------------------------------------------------
+# Forward
+# --------------------------------------------------------------------------------------------
+
+
+def rms_norm(
+    x: Any, normalized_shape: ShapeLike, weight: Any = None, eps: float | None = None
+) -> np.ndarray:
+    """RMSNorm with ``torch.nn.functional.rms_norm`` semantics, computed in float64.
+
+    Parameters
+    ----------
+    x : array_like
+        Input of any leading shape whose trailing dims are ``normalized_shape``. float16,
+        bfloat16 (ml_dtypes), float32, float64, complex64 or complex128.
+    normalized_shape : int or tuple of int
+        The trailing dims that form one row (normalised together).
+    weight : array_like, optional
+        Per-feature scale of shape ``normalized_shape``.
+    eps : float, optional
+        Added to the mean of squares. ``None`` means ``finfo(float32).eps`` for float16, bfloat16
+        and float32 inputs and ``finfo(float64).eps`` for float64 (current PyTorch).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``x / sqrt(mean(x**2) + eps) * weight``, rounded once to the dtype of ``x``.
+
+    Examples
+    --------
+    >>> import numpy as np, rmsref
+    >>> rmsref.rms_norm(np.array([1.0, 2.0, 3.0, 4.0]), 4, eps=1e-5).round(4)
+    array([0.3651, 0.7303, 1.0954, 1.4606])
+    """
+    return rms_norm_forward(x, normalized_shape, weight, eps)[0]
+
+
+def rms_norm_forward(
+    x: Any,
+    normalized_shape: ShapeLike,
+    weight: Any = None,
+    eps: float | None = None,
+    *,
+    bias: Any = None,
+    offset: float = 0.0,
+    partial: float | None = None,
+    out_dtype: Any = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """RMSNorm forward, returning what the backward needs: ``(y, rstd)``.
+
+    Only rstd, O(rows), is saved for the backward; x̂ (O(rows·N)) is recomputed there from x.
+    That is the memory/compute trade every kernel makes (STYLE §3).
+
+    Parameters
+    ----------
+    x, normalized_shape, weight, eps
+        As in :func:`rms_norm`.
+    bias : array_like, optional
+        Per-feature shift of shape ``normalized_shape`` (flash-attn, Equinox).
+    offset : float, default 0.0
+        The weight is used as ``offset + weight`` (Gemma's zero-centred weight uses 1.0).
+    partial : float in (0, 1], optional
+        pRMSNorm: the RMS is estimated from the first ``floor(N * partial)`` features of each
+        row (in flattened order); all features are normalised.
+    out_dtype : dtype, optional
+        Dtype of ``y``; default the dtype of ``x``.
+
+    Returns
+    -------
+    y : numpy.ndarray
+        Same shape as ``x``, dtype ``out_dtype`` (default ``x.dtype``), rounded once.
+    rstd : numpy.ndarray
+        ``1 / sqrt(ms + eps)`` per row, float64 (complex128 for complex ``x``), shape
+        ``x.shape[:-k] + (1,) * k`` for ``k = len(normalized_shape)`` so that it broadcasts.
+    """
+    x, shape, xrows = prepare_input(x, normalized_shape)
+    weight_arr = as_array(weight, "weight") if weight is not None else None
+    ctype = compute_dtype(x, weight_arr)
+    eps = resolve_eps(eps, x.dtype)
+    dtype = resolve_out_dtype(out_dtype, x)
+    m, n = xrows.shape
+    k_feat = resolve_partial(partial, n)
+    wt = _scale_offset(param_row(weight_arr, "weight", shape, ctype), offset, n, ctype)
+    b = param_row(bias, "bias", shape, ctype)
+
+    y = np.empty((m, n), dtype)
+    rstd = np.empty((m, 1), ctype)
+    with np.errstate(all="ignore"):  # NaN/Inf and eps < 0 rows propagate as PyTorch's do
+        for rows in _sumsq.row_chunks(m, n):
+            xhat, rstd[rows] = _stats_rows(xrows[rows].astype(ctype), eps, k_feat)
+            yr = xhat * wt  # (m, N)  eq. (4)
+            if b is not None:
+                yr += b
+            y[rows] = round_to(yr, dtype)
+    return y.reshape(x.shape), rstd.reshape(stat_shape(x, shape))
+
+
+# --------------------------------------------------------------------------------------------
+# Backward
+# --------------------------------------------------------------------------------------------
+
+
+def rms_norm_backward(
+    dy: Any,
+    x: Any,
+    normalized_shape: ShapeLike,
+    weight: Any = None,
+    eps: float | None = None,
+    *,
+    rstd: Any = None,
+    bias: Any = None,
+    offset: float = 0.0,
+    partial: float | None = None,
+) -> RMSNormGrads:
+    """RMSNorm backward in closed form, eqs. (5)-(9).
+
+    Parameters
+    ----------
+    dy : array_like
+        ∂L/∂y, same shape as ``x``.
+    x, normalized_shape, weight, eps, bias, offset, partial
+        As in :func:`rms_norm_forward`.
+    rstd : array_like, optional
+        The statistic saved by the forward (shape ``lead`` or ``lead + (1,)*k``). When given it
+        is used as is (as a kernel would use its own saved statistic); else it is recomputed.
+
+    Returns
+    -------
+    RMSNormGrads
+        ``(dx, dweight, dbias)``: ``dx`` in ``x``'s dtype; ``dweight`` / ``dbias`` in the
+        parameter's dtype, or None when that parameter is None. Gradients are returned, never
+        accumulated.
+    """
+    x, shape, xrows = prepare_input(x, normalized_shape)
+    dy_arr = as_array(dy, "dy")
+    check_same_shape(dy_arr, x, "dy")
+    weight_arr = as_array(weight, "weight") if weight is not None else None
+    bias_arr = as_array(bias, "bias") if bias is not None else None
+    ctype = compute_dtype(x, dy_arr, weight_arr)
+    eps = resolve_eps(eps, x.dtype)
+    m, n = xrows.shape
+    k_feat = resolve_partial(partial, n)
+    wt = _scale_offset(param_row(weight_arr, "weight", shape, ctype), offset, n, ctype)
+    param_row(bias_arr, "bias", shape, ctype)  # validated; the bias does not enter dx or dweight
+    saved = check_rstd(rstd, x, shape)
+    dyrows = dy_arr.reshape(m, n)
+
+    dx = np.empty((m, n), x.dtype)
+    dweight = _ColumnSum(n, ctype)
+    dbias = _ColumnSum(n, ctype)
+    with np.errstate(all="ignore"):
+        for rows in _sumsq.row_chunks(m, n):
+            xr = xrows[rows].astype(ctype)
+            if saved is None:
+                xhat, rstd_r = _stats_rows(xr, eps, k_feat)
+            else:
+                rstd_r = saved[rows].astype(ctype)
+                xhat = xr * rstd_r  # eq. (3) with the kernel's own statistic
+            dyr = dyrows[rows].astype(ctype)
+            dxhat = dyr * wt  # (m, N)  eq. (5)
+            dx[rows] = round_to(_dx_rows(dxhat, xhat, rstd_r, k_feat), x.dtype)  # eqs. (6)-(7)
+            if weight_arr is not None:
+                dweight.add(dyr * xhat)  # eq. (8)
+            if bias_arr is not None:
+                dbias.add(dyr)  # eq. (9)
+    return RMSNormGrads(
+        dx.reshape(x.shape),
+        _grad_out(dweight.value(), weight_arr, shape),
+        _grad_out(dbias.value(), bias_arr, shape),
+    )
+
+
+def rms_norm_backward_staged(
+    dy: Any,
+    x: Any,
+    normalized_shape: ShapeLike,
+    weight: Any = None,
+    eps: float | None = None,
+    *,
+    rstd: Any = None,
+    bias: Any = None,
+    offset: float = 0.0,
+    partial: float | None = None,
+) -> RMSNormGrads:
+    """RMSNorm backward, one line per node of the forward graph, reversed (the teaching version).
+
+    Each backward line sits under the chain rule of the forward node it undoes; ``+=`` marks where
+    x feeds two nodes (``x * x`` and ``x * rstd``), so its gradient is the sum of both paths. It
+    agrees with :func:`rms_norm_backward` to ~1e-15 but is written for reading, not for speed or
+    overflow safety (no row scaling, no chunking). ``rstd`` is accepted for signature parity and
+    ignored: every intermediate is recomputed here.
+    """
+    del rstd  # recomputed below, node by node
+    x_in, shape, _ = prepare_input(x, normalized_shape)
+    dy_in = as_array(dy, "dy")
+    check_same_shape(dy_in, x_in, "dy")
+    weight_in = None if weight is None else as_array(weight, "weight")
+    bias_in = None if bias is None else as_array(bias, "bias")
+    ctype = compute_dtype(x_in, dy_in, weight_in)
+    eps = resolve_eps(eps, x_in.dtype)
+    n = int(np.prod(shape))
+    k_feat = resolve_partial(partial, n)
+    x = x_in.reshape(-1, n).astype(ctype)  # (M, N)
+    dy = dy_in.reshape(-1, n).astype(ctype)  # (M, N)
+    w = param_row(weight_in, "weight", shape, ctype)  # (1, N) or None
+    param_row(bias_in, "bias", shape, ctype)  # validated; b only shifts y
+
+    with np.errstate(all="ignore"):
+        # forward, one node per line
+        x2 = x * x  # (M, N)  node 1
+        ms = np.sum(x2[:, :k_feat], axis=-1, keepdims=True) / k_feat  # (M, 1)  node 2, eq. (1)
+        v = ms + eps  # (M, 1)  node 3
+        std = np.sqrt(v)  # (M, 1)  node 4
+        rstd_ = 1.0 / std  # (M, 1)  node 5, eq. (2)
+        xhat = x * rstd_  # (M, N)  node 6, eq. (3)
+        wt = (np.ones((1, n), ctype) if w is None else w) + offset  # (1, N)  node 7
+        # node 8: y = xhat * wt + b
+
+        # backward, nodes reversed
+        dxhat = dy * wt  # (M, N)  node 8 -> xhat, eq. (5)
+        # node 8 -> wt, eq. (8); node 7 passes it on unchanged: d(offset + w)/dw = 1
+        dweight = np.sum(dy * xhat, axis=0)  # (N,)
+        dbias = np.sum(dy, axis=0)  # (N,)  node 8 -> b, eq. (9)
+        dx = dxhat * rstd_  # (M, N)  node 6 -> x: the direct path
+        drstd = np.sum(dxhat * x, axis=-1, keepdims=True)  # (M, 1)  node 6 -> rstd
+        dstd = -drstd / (std * std)  # (M, 1)  node 5: d(1/s)/ds = -1/s^2
+        dv = dstd / (2.0 * std)  # (M, 1)  node 4: d sqrt(v)/dv = 1/(2 sqrt(v))
+        dms = dv  # (M, 1)  node 3: d(ms + eps)/dms = 1
+        dx2 = np.zeros_like(x2)  # (M, N)  node 2: ms averages the first K squares
+        dx2[:, :k_feat] = dms / k_feat
+        dx += 2.0 * x * dx2  # (M, N)  node 1 -> x, the second path: += where x feeds two nodes
+
+    return RMSNormGrads(
+        round_to(dx, x_in.dtype).reshape(x_in.shape),
+        _grad_out(dweight, weight_in, shape),
+        _grad_out(dbias, bias_in, shape),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Forward mode and second order
+# --------------------------------------------------------------------------------------------
+
+
+def rms_norm_jvp(
+    x: Any,
+    dx_tan: Any,
+    normalized_shape: ShapeLike,
+    weight: Any = None,
+    eps: float | None = None,
+    *,
+    dweight_tan: Any = None,
+    bias: Any = None,
+    dbias_tan: Any = None,
+    offset: float = 0.0,
+    partial: float | None = None,
+) -> np.ndarray:
+    """Forward-mode derivative of RMSNorm, eqs. (10)-(11): the directional derivative J·t.
+
+    Parameters
+    ----------
+    x, normalized_shape, weight, eps, bias, offset, partial
+        As in :func:`rms_norm_forward`.
+    dx_tan : array_like
+        Tangent of ``x`` (same shape).
+    dweight_tan, dbias_tan : array_like, optional
+        Tangents of the weight and bias (shape ``normalized_shape``); zero when omitted.
+
+    Returns
+    -------
+    numpy.ndarray
+        The tangent of ``y``, same shape as ``x``, in ``x``'s dtype.
+    """
+    x, shape, xrows = prepare_input(x, normalized_shape)
+    t = as_array(dx_tan, "dx_tan")
+    check_same_shape(t, x, "dx_tan")
+    weight_arr = None if weight is None else as_array(weight, "weight")
+    ctype = compute_dtype(x, t, weight_arr)
+    eps = resolve_eps(eps, x.dtype)
+    m, n = xrows.shape
+    k_feat = resolve_partial(partial, n)
+    wt = _scale_offset(param_row(weight_arr, "weight", shape, ctype), offset, n, ctype)
+    param_row(bias, "bias", shape, ctype)
+    dw_t = param_row(dweight_tan, "dweight_tan", shape, ctype)
+    db_t = param_row(dbias_tan, "dbias_tan", shape, ctype)
+    trows = t.reshape(m, n)
+
+    dy_t = np.empty((m, n), x.dtype)
+    with np.errstate(all="ignore"):
+        for rows in _sumsq.row_chunks(m, n):
+            xhat, rstd = _stats_rows(xrows[rows].astype(ctype), eps, k_feat)
+            tr = trows[rows].astype(ctype)
+            s = np.sum(xhat[:, :k_feat] * tr[:, :k_feat], axis=-1, keepdims=True) / k_feat  # (10)
+            dxhat_t = rstd * (tr - xhat * s)  # (m, N)  tangent of xhat
+            out = dxhat_t * wt  # (m, N)  eq. (11)
+            if dw_t is not None:
+                out += xhat * dw_t
+            if db_t is not None:
+                out += db_t
+            dy_t[rows] = round_to(out, x.dtype)
+    return dy_t.reshape(x.shape)
+
+
+def rms_norm_double_backward(
+    ddx: Any,
+    dy: Any,
+    x: Any,
+    normalized_shape: ShapeLike,
+    weight: Any = None,
+    eps: float | None = None,
+    *,
+    ddweight: Any = None,
+    ddbias: Any = None,
+    offset: float = 0.0,
+    partial: float | None = None,
+) -> RMSNormDoubleGrads:
+    r"""The VJP of :func:`rms_norm_backward`: second-order gradients.
+
+    The backward maps (x, weight, dy) to (dx, dweight, dbias). Given cotangents ``ddx``,
+    ``ddweight``, ``ddbias`` of those outputs, that is a scalar
+    L₂ = ⟨ddx, dx⟩ + ⟨ddweight, dweight⟩ + ⟨ddbias, dbias⟩, this returns ∂L₂/∂x, ∂L₂/∂weight and
+    ∂L₂/∂dy (what autograd computes for a Hessian-vector product or a gradient penalty).
+
+    Per row, with r = rstd, g = dxhat = dy ⊙ (offset + w), c as in eq. (6), m_j = [j < K] and
+        a = (1/K) Σ_j m_j·ddx_j·xhat_j,   P = Σ_j ddx_j·g_j,   Q = Σ_j ddweight_j·dy_j·xhat_j,
+    L₂ per row is r·P − r³·A·B/K + Q (A = K·a/r, B = K·c/r), and differentiating it gives
+    (derivation in docs/derivation/rmsnorm.md):
+        (12) ∂L₂/∂dy_j = (offset + w_j) · r · (ddx_j − xhat_j·a) + ddweight_j·xhat_j + ddbias_j
+        (13) ∂L₂/∂w_j  = Σ_rows dy_j · r · (ddx_j − xhat_j·a)
+        (14) ∂L₂/∂x_l  = −r² m_l xhat_l (P + Q/r)/K + 3 r² m_l xhat_l a c
+                         − r² (m_l ddx_l c + a g_l) + r ddweight_l dy_l
+
+    Not overflow-safe (no row scaling): meant for moderate inputs, such as a gradient check.
+
+    Returns
+    -------
+    RMSNormDoubleGrads
+        ``(dx, dweight, ddy)`` in the dtypes of ``x``, ``weight`` (None without weight), ``dy``.
+    """
+    x_in, shape, xrows = prepare_input(x, normalized_shape)
+    dy_in = as_array(dy, "dy")
+    check_same_shape(dy_in, x_in, "dy")
+    ddx_in = as_array(ddx, "ddx")
+    check_same_shape(ddx_in, x_in, "ddx")
+    weight_in = None if weight is None else as_array(weight, "weight")
+    ctype = compute_dtype(x_in, dy_in, ddx_in, weight_in)
+    eps = resolve_eps(eps, x_in.dtype)
+    m, n = xrows.shape
+    k_feat = resolve_partial(partial, n)
+    wt = _scale_offset(param_row(weight_in, "weight", shape, ctype), offset, n, ctype)
+    ddw = param_row(ddweight, "ddweight", shape, ctype)
+    ddb = param_row(ddbias, "ddbias", shape, ctype)
+    mask = np.zeros((1, n), ctype)
+    mask[:, :k_feat] = 1.0
+
+    with np.errstate(all="ignore"):
+        xhat, r = _stats_rows(xrows.astype(ctype), eps, k_feat)  # (M, N), (M, 1)
+        dyr = dy_in.reshape(m, n).astype(ctype)  # (M, N)
+        ddxr = ddx_in.reshape(m, n).astype(ctype)  # (M, N)
+        g = dyr * wt  # (M, N)  eq. (5)
+        c = np.sum(g * xhat, axis=-1, keepdims=True) / k_feat  # (M, 1)  eq. (6)
+        a = np.sum(mask * ddxr * xhat, axis=-1, keepdims=True) / k_feat  # (M, 1)
+        p = np.sum(ddxr * g, axis=-1, keepdims=True)  # (M, 1)
+        q = np.zeros_like(p) if ddw is None else np.sum(ddw * dyr * xhat, axis=-1, keepdims=True)
+        dg = r * (ddxr - xhat * a)  # (M, N)  ∂L₂/∂g
+        ddy = dg * wt  # (M, N)  eq. (12)
+        if ddw is not None:
+            ddy = ddy + ddw * xhat
+        if ddb is not None:
+            ddy = ddy + ddb
+        dweight = _row_sum(dyr * dg)  # (N,)  eq. (13)
+        dx = (  # (M, N)  eq. (14)
+            -r * r * mask * xhat * (p + q / r) / k_feat
+            + 3.0 * r * r * mask * xhat * a * c
+            - r * r * (mask * ddxr * c + a * g)
+        )
+        if ddw is not None:
+            dx = dx + r * ddw * dyr
+    return RMSNormDoubleGrads(
+        round_to(dx, x_in.dtype).reshape(x_in.shape),
+        _grad_out(dweight, weight_in, shape),
+        round_to(ddy, dy_in.dtype).reshape(x_in.shape),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Fused residual add + RMSNorm
+# --------------------------------------------------------------------------------------------
+
+_ROUNDINGS = ("fp32-sum", "rounded-sum")
+
+
+def _residual_sum(
+    x: np.ndarray, residual: np.ndarray, rounding: str, ctype: np.dtype
+) -> np.ndarray:
+    """h = x + residual, in the compute dtype; rounded to x's dtype first for "rounded-sum"."""
+    if rounding not in _ROUNDINGS:
+        raise ValueError(f"rounding must be one of {_ROUNDINGS}, got {rounding!r}")
+    h = x.astype(ctype) + residual.astype(ctype)
+    if rounding == "rounded-sum":
+        h = round_to(h, x.dtype).astype(ctype)
+    return h
+
+
+def _prepare_residual(x: Any, residual: Any, normalized_shape: ShapeLike):
+    x_arr, shape, xrows = prepare_input(x, normalized_shape)
+    res = as_array(residual, "residual")
+    check_same_shape(res, x_arr, "residual")
+    return x_arr, res, shape, xrows, res.reshape(xrows.shape)
+
+
+def add_rms_norm(
+    x: Any,
+    residual: Any,
+    normalized_shape: ShapeLike,
+    weight: Any = None,
+    eps: float | None = None,
+    *,
+    rounding: str = "fp32-sum",
+    offset: float = 0.0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Fused residual add + RMSNorm as inference engines run it: ``(y, new_residual)``.
+
+    ``h = x + residual``; ``new_residual`` is h rounded to the residual's dtype, ``y`` is RMSNorm
+    of h rounded to x's dtype. The two meanings real systems use (DESIGN §4):
+
+    - ``"fp32-sum"`` (flash-attn, quack, vLLM native): normalise the unrounded sum; only the
+      stored residual is rounded.
+    - ``"rounded-sum"`` (HF eager, Liger fused-add, llm.c): round x + residual to x's dtype first,
+      then normalise that.
+    """
+    y, new_residual, _ = add_rms_norm_forward(
+        x, residual, normalized_shape, weight, eps, rounding=rounding, offset=offset
+    )
+    return y, new_residual
+
+
+def add_rms_norm_forward(
+    x: Any,
+    residual: Any,
+    normalized_shape: ShapeLike,
+    weight: Any = None,
+    eps: float | None = None,
+    *,
+    rounding: str = "fp32-sum",
+    offset: float = 0.0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`add_rms_norm` that also returns rstd: ``(y, new_residual, rstd)``."""
+    x_arr, res, shape, xrows, rrows = _prepare_residual(x, residual, normalized_shape)
+    weight_arr = None if weight is None else as_array(weight, "weight")
+    ctype = compute_dtype(x_arr, res, weight_arr)
+    eps = resolve_eps(eps, x_arr.dtype)
+    m, n = xrows.shape
+    wt = _scale_offset(param_row(weight_arr, "weight", shape, ctype), offset, n, ctype)
+
+    y = np.empty((m, n), x_arr.dtype)
+    new_res = np.empty((m, n), res.dtype)
+    rstd = np.empty((m, 1), ctype)
+    with np.errstate(all="ignore"):
+        for rows in _sumsq.row_chunks(m, n):
+            h = _residual_sum(xrows[rows], rrows[rows], rounding, ctype)
+            new_res[rows] = round_to(h, res.dtype)
+            xhat, rstd[rows] = _stats_rows(h, eps, n)
+            y[rows] = round_to(xhat * wt, x_arr.dtype)
+    return (
+        y.reshape(x_arr.shape),
+        new_res.reshape(x_arr.shape),
+        rstd.reshape(stat_shape(x_arr, shape)),
+    )
+
+
+def add_rms_norm_backward(
+    dy: Any,
+    dresidual_out: Any,
+    x: Any,
+    residual: Any,
+    normalized_shape: ShapeLike,
+    weight: Any = None,
+    eps: float | None = None,
+    *,
+    rounding: str = "fp32-sum",
+    rstd: Any = None,
+    offset: float = 0.0,
+) -> AddRMSNormGrads:
+    """Backward of :func:`add_rms_norm`: h = x + residual feeds both y and new_residual, so
+    ``dh = dx_RMSNorm(dy) + dresidual_out`` and ``dx = dresidual = dh``. The "rounded-sum"
+    rounding is treated as the identity (its derivative almost everywhere).
+
+    ``dresidual_out`` (∂L/∂new_residual) may be None (the residual stream is not used later).
+    """
+    x_arr, res, shape, xrows, rrows = _prepare_residual(x, residual, normalized_shape)
+    dy_arr = as_array(dy, "dy")
+    check_same_shape(dy_arr, x_arr, "dy")
+    dres_out = None if dresidual_out is None else as_array(dresidual_out, "dresidual_out")
+    if dres_out is not None:
+        check_same_shape(dres_out, x_arr, "dresidual_out")
+    weight_arr = None if weight is None else as_array(weight, "weight")
+    ctype = compute_dtype(x_arr, res, dy_arr, weight_arr)
+    eps = resolve_eps(eps, x_arr.dtype)
+    m, n = xrows.shape
+    wt = _scale_offset(param_row(weight_arr, "weight", shape, ctype), offset, n, ctype)
+    saved = check_rstd(rstd, x_arr, shape)
+    dyrows = dy_arr.reshape(m, n)
+
+    dx = np.empty((m, n), x_arr.dtype)
+    dresidual = np.empty((m, n), res.dtype)
+    dweight = _ColumnSum(n, ctype)
+    with np.errstate(all="ignore"):
+        for rows in _sumsq.row_chunks(m, n):
+            h = _residual_sum(xrows[rows], rrows[rows], rounding, ctype)
+            if saved is None:
+                xhat, rstd_r = _stats_rows(h, eps, n)
+            else:
+                rstd_r = saved[rows].astype(ctype)
+                xhat = h * rstd_r
+            dyr = dyrows[rows].astype(ctype)
+            dh = _dx_rows(dyr * wt, xhat, rstd_r, n)  # eqs. (5)-(7) on h
+            if dres_out is not None:
+                dh += dres_out.reshape(m, n)[rows].astype(ctype)  # h also feeds new_residual
+            dx[rows] = round_to(dh, x_arr.dtype)
+            dresidual[rows] = round_to(dh, res.dtype)
+            if weight_arr is not None:
+                dweight.add(dyr * xhat)  # eq. (8)
+    return AddRMSNormGrads(
+        dx.reshape(x_arr.shape),
+        dresidual.reshape(x_arr.shape),
+        _grad_out(dweight.value(), weight_arr, shape),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The module class
+# --------------------------------------------------------------------------------------------
+
+
+class RMSNorm(NormModule):
+    """A torch-like RMSNorm module on NumPy arrays (``torch.nn.RMSNorm`` semantics).
+
+    Parameters
+    ----------
+    normalized_shape : int or tuple of int
+        Trailing dims normalised together.
+    eps : float, optional
+        As in :func:`rms_norm` (``None``: the opmath dtype's machine epsilon).
+    elementwise_affine : bool, default True
+        Learn a per-feature weight (initialised to ones, or zeros when ``offset`` is set so
+        that ``offset + weight`` starts at 1).
+    bias : bool, default False
+        Also learn a per-feature bias (initialised to zeros).
+    dtype : dtype, default float32
+        Dtype of the parameters (torch's default).
+    offset : float, default 0.0
+        Weight used as ``offset + weight`` (Gemma: 1.0).
+
+    Examples
+    --------
+    >>> import numpy as np, rmsref
+    >>> m = rmsref.RMSNorm(4)
+    >>> m
+    RMSNorm((4,), eps=None, elementwise_affine=True)
+    >>> m(np.array([[1.0, 2.0, 3.0, 4.0]])).round(4)
+    array([[0.3651, 0.7303, 1.0954, 1.4606]])
+    """
+
+    def __init__(
+        self,
+        normalized_shape: ShapeLike,
+        eps: float | None = None,
+        elementwise_affine: bool = True,
+        bias: bool = False,
+        *,
+        dtype: Any = np.float32,
+        offset: float = 0.0,
+    ) -> None:
+        super().__init__(
+            normalized_shape, eps, elementwise_affine, bias, dtype=dtype, offset=offset
+        )
+
+    def forward(self, x: Any) -> np.ndarray:
+        """``rms_norm_forward(x, ...)[0]`` with this module's parameters."""
+        return rms_norm_forward(
+            x, self.normalized_shape, self.weight, self.eps, bias=self.bias, offset=self.offset
+        )[0]
+
+    def backward(self, dy: Any, x: Any) -> RMSNormGrads:
+        """Gradients (dx, dweight, dbias) for upstream gradient ``dy`` at input ``x``."""
+        return rms_norm_backward(
+            dy, x, self.normalized_shape, self.weight, self.eps, bias=self.bias, offset=self.offset
+        )

@@ -1,0 +1,278 @@
+r"""Unit-norm: x / sqrt(Σ x² + eps) ⊙ w, the "RoPE view" of RMSNorm.
+
+The same math as RMSNorm with the *sum* of squares where RMSNorm has the *mean*, so that
+RMSNorm(x; eps) = √N · UnitNorm(x; N·eps). For one row of N features:
+
+Forward
+    (1)  ss    = Σ_j x_j²                    sum of squares              (M, 1)
+    (2)  rnorm = 1 / sqrt(ss + eps)          reciprocal norm             (M, 1)
+    (3)  xhat  = x · rnorm                   unit vector (eps = 0)       (M, N)
+    (4)  y     = xhat ⊙ w + b                                            (M, N)
+Backward
+    (5)  dxhat   = dy ⊙ w
+    (6)  c       = Σ_j dxhat_j · xhat_j      the path through rnorm (no 1/N)
+    (7)  dx      = rnorm · (dxhat − xhat · c)
+    (8)  dweight = Σ_rows dy ⊙ xhat,   dbias = Σ_rows dy
+
+The row kernels are RMSNorm's (``rmsref.rmsnorm``) with the divisor 1 in place of N; eps
+defaults to 0 here, so a zero row gives NaN, as x / ‖x‖ does.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from rmsref import _sumsq
+from rmsref._module import NormModule
+from rmsref._rounding import round_to
+from rmsref._shapes import (
+    ShapeLike,
+    as_array,
+    check_rstd,
+    check_same_shape,
+    compute_dtype,
+    param_row,
+    prepare_input,
+    resolve_eps,
+    resolve_out_dtype,
+    stat_shape,
+)
+from rmsref.rmsnorm import _ColumnSum, _dx_rows, _grad_out, _scale_offset, _stats_rows
+
+__all__ = [
+    "UnitNorm",
+    "UnitNormGrads",
+    "unit_norm",
+    "unit_norm_backward",
+    "unit_norm_backward_staged",
+    "unit_norm_forward",
+    "unit_norm_jvp",
+]
+
+
+class UnitNormGrads(NamedTuple):
+    """Gradients of unit-norm: ∂L/∂x, ∂L/∂weight, ∂L/∂bias (None where there is no parameter)."""
+
+    dx: np.ndarray
+    dweight: np.ndarray | None
+    dbias: np.ndarray | None
+
+
+def unit_norm(
+    x: Any, normalized_shape: ShapeLike, weight: Any = None, eps: float = 0.0
+) -> np.ndarray:
+    """``x / sqrt(sum(x**2) + eps) * weight`` over the trailing ``normalized_shape`` dims.
+
+    Examples
+    --------
+    >>> import numpy as np, rmsref
+    >>> rmsref.unit_norm(np.array([3.0, 4.0]), 2)
+    array([0.6, 0.8])
+    """
+    return unit_norm_forward(x, normalized_shape, weight, eps)[0]
+
+
+def unit_norm_forward(
+    x: Any,
+    normalized_shape: ShapeLike,
+    weight: Any = None,
+    eps: float = 0.0,
+    *,
+    bias: Any = None,
+    out_dtype: Any = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Unit-norm forward, eqs. (1)-(4): ``(y, rnorm)``, rnorm float64 with keepdims shape."""
+    x, shape, xrows = prepare_input(x, normalized_shape)
+    weight_arr = None if weight is None else as_array(weight, "weight")
+    ctype = compute_dtype(x, weight_arr)
+    eps = resolve_eps(eps, x.dtype, default=0.0)
+    dtype = resolve_out_dtype(out_dtype, x)
+    m, n = xrows.shape
+    wt = _scale_offset(param_row(weight_arr, "weight", shape, ctype), 0.0, n, ctype)
+    b = param_row(bias, "bias", shape, ctype)
+
+    y = np.empty((m, n), dtype)
+    rnorm = np.empty((m, 1), ctype)
+    with np.errstate(all="ignore"):
+        for rows in _sumsq.row_chunks(m, n):
+            xhat, rnorm[rows] = _stats_rows(xrows[rows].astype(ctype), eps, n, divisor=1)
+            yr = xhat * wt  # (m, N)  eq. (4)
+            if b is not None:
+                yr += b
+            y[rows] = round_to(yr, dtype)
+    return y.reshape(x.shape), rnorm.reshape(stat_shape(x, shape))
+
+
+def unit_norm_backward(
+    dy: Any,
+    x: Any,
+    normalized_shape: ShapeLike,
+    weight: Any = None,
+    eps: float = 0.0,
+    *,
+    rnorm: Any = None,
+    bias: Any = None,
+) -> UnitNormGrads:
+    """Unit-norm backward in closed form, eqs. (5)-(8); ``rnorm`` as saved by the forward."""
+    x, shape, xrows = prepare_input(x, normalized_shape)
+    dy_arr = as_array(dy, "dy")
+    check_same_shape(dy_arr, x, "dy")
+    weight_arr = None if weight is None else as_array(weight, "weight")
+    bias_arr = None if bias is None else as_array(bias, "bias")
+    ctype = compute_dtype(x, dy_arr, weight_arr)
+    eps = resolve_eps(eps, x.dtype, default=0.0)
+    m, n = xrows.shape
+    wt = _scale_offset(param_row(weight_arr, "weight", shape, ctype), 0.0, n, ctype)
+    param_row(bias_arr, "bias", shape, ctype)
+    saved = check_rstd(rnorm, x, shape)
+    dyrows = dy_arr.reshape(m, n)
+
+    dx = np.empty((m, n), x.dtype)
+    dweight = _ColumnSum(n, ctype)
+    dbias = _ColumnSum(n, ctype)
+    with np.errstate(all="ignore"):
+        for rows in _sumsq.row_chunks(m, n):
+            xr = xrows[rows].astype(ctype)
+            if saved is None:
+                xhat, rnorm_r = _stats_rows(xr, eps, n, divisor=1)
+            else:
+                rnorm_r = saved[rows].astype(ctype)
+                xhat = xr * rnorm_r
+            dyr = dyrows[rows].astype(ctype)
+            dx[rows] = round_to(_dx_rows(dyr * wt, xhat, rnorm_r, n, divisor=1), x.dtype)
+            if weight_arr is not None:
+                dweight.add(dyr * xhat)
+            if bias_arr is not None:
+                dbias.add(dyr)
+    return UnitNormGrads(
+        dx.reshape(x.shape),
+        _grad_out(dweight.value(), weight_arr, shape),
+        _grad_out(dbias.value(), bias_arr, shape),
+    )
+
+
+def unit_norm_backward_staged(
+    dy: Any,
+    x: Any,
+    normalized_shape: ShapeLike,
+    weight: Any = None,
+    eps: float = 0.0,
+    *,
+    rnorm: Any = None,
+    bias: Any = None,
+) -> UnitNormGrads:
+    """Unit-norm backward, one line per forward node, reversed (teaching version; no scaling)."""
+    del rnorm  # recomputed below, node by node
+    x_in, shape, _ = prepare_input(x, normalized_shape)
+    dy_in = as_array(dy, "dy")
+    check_same_shape(dy_in, x_in, "dy")
+    weight_in = None if weight is None else as_array(weight, "weight")
+    bias_in = None if bias is None else as_array(bias, "bias")
+    ctype = compute_dtype(x_in, dy_in, weight_in)
+    eps = resolve_eps(eps, x_in.dtype, default=0.0)
+    n = int(np.prod(shape))
+    x = x_in.reshape(-1, n).astype(ctype)  # (M, N)
+    dy = dy_in.reshape(-1, n).astype(ctype)  # (M, N)
+    w = param_row(weight_in, "weight", shape, ctype)
+    param_row(bias_in, "bias", shape, ctype)
+
+    with np.errstate(all="ignore"):
+        # forward, one node per line
+        x2 = x * x  # (M, N)  node 1
+        ss = np.sum(x2, axis=-1, keepdims=True)  # (M, 1)  node 2, eq. (1)
+        v = ss + eps  # (M, 1)  node 3
+        norm = np.sqrt(v)  # (M, 1)  node 4
+        rnorm_ = 1.0 / norm  # (M, 1)  node 5, eq. (2)
+        xhat = x * rnorm_  # (M, N)  node 6, eq. (3)
+        wt = np.ones((1, n), ctype) if w is None else w  # (1, N)
+        # node 7: y = xhat * wt + b
+
+        # backward, nodes reversed
+        dxhat = dy * wt  # (M, N)  node 7 -> xhat
+        dweight = np.sum(dy * xhat, axis=0)  # (N,)  node 7 -> w
+        dbias = np.sum(dy, axis=0)  # (N,)  node 7 -> b
+        dx = dxhat * rnorm_  # (M, N)  node 6 -> x, the direct path
+        drnorm = np.sum(dxhat * x, axis=-1, keepdims=True)  # (M, 1)  node 6 -> rnorm
+        dnorm = -drnorm / (norm * norm)  # (M, 1)  node 5
+        dv = dnorm / (2.0 * norm)  # (M, 1)  node 4
+        dss = dv  # (M, 1)  node 3
+        dx2 = np.broadcast_to(dss, x2.shape)  # (M, N)  node 2: d(sum)/dx2_j = 1
+        dx += 2.0 * x * dx2  # (M, N)  node 1 -> x: += where x feeds two nodes
+
+    return UnitNormGrads(
+        round_to(dx, x_in.dtype).reshape(x_in.shape),
+        _grad_out(dweight, weight_in, shape),
+        _grad_out(dbias, bias_in, shape),
+    )
+
+
+def unit_norm_jvp(
+    x: Any,
+    dx_tan: Any,
+    normalized_shape: ShapeLike,
+    weight: Any = None,
+    eps: float = 0.0,
+    *,
+    dweight_tan: Any = None,
+    bias: Any = None,
+    dbias_tan: Any = None,
+) -> np.ndarray:
+    """Forward-mode derivative: ``w ⊙ rnorm·(t − xhat·Σ xhat⊙t) + xhat ⊙ dweight_t + dbias_t``."""
+    x, shape, xrows = prepare_input(x, normalized_shape)
+    t = as_array(dx_tan, "dx_tan")
+    check_same_shape(t, x, "dx_tan")
+    weight_arr = None if weight is None else as_array(weight, "weight")
+    ctype = compute_dtype(x, t, weight_arr)
+    eps = resolve_eps(eps, x.dtype, default=0.0)
+    m, n = xrows.shape
+    wt = _scale_offset(param_row(weight_arr, "weight", shape, ctype), 0.0, n, ctype)
+    param_row(bias, "bias", shape, ctype)
+    dw_t = param_row(dweight_tan, "dweight_tan", shape, ctype)
+    db_t = param_row(dbias_tan, "dbias_tan", shape, ctype)
+    trows = t.reshape(m, n)
+
+    dy_t = np.empty((m, n), x.dtype)
+    with np.errstate(all="ignore"):
+        for rows in _sumsq.row_chunks(m, n):
+            xhat, rnorm = _stats_rows(xrows[rows].astype(ctype), eps, n, divisor=1)
+            tr = trows[rows].astype(ctype)
+            s = np.sum(xhat * tr, axis=-1, keepdims=True)  # (m, 1)
+            out = rnorm * (tr - xhat * s) * wt  # (m, N)
+            if dw_t is not None:
+                out += xhat * dw_t
+            if db_t is not None:
+                out += db_t
+            dy_t[rows] = round_to(out, x.dtype)
+    return dy_t.reshape(x.shape)
+
+
+class UnitNorm(NormModule):
+    """A module computing :func:`unit_norm` with learnable weight (and optional bias).
+
+    Examples
+    --------
+    >>> import rmsref
+    >>> rmsref.UnitNorm(8)
+    UnitNorm((8,), eps=0.0, elementwise_affine=True)
+    """
+
+    def __init__(
+        self,
+        normalized_shape: ShapeLike,
+        eps: float = 0.0,
+        elementwise_affine: bool = True,
+        bias: bool = False,
+        *,
+        dtype: Any = np.float32,
+    ) -> None:
+        super().__init__(normalized_shape, eps, elementwise_affine, bias, dtype=dtype)
+
+    def forward(self, x: Any) -> np.ndarray:
+        return unit_norm_forward(x, self.normalized_shape, self.weight, self.eps, bias=self.bias)[0]
+
+    def backward(self, dy: Any, x: Any) -> UnitNormGrads:
+        return unit_norm_backward(
+            dy, x, self.normalized_shape, self.weight, self.eps, bias=self.bias
+        )
