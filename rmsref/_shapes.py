@@ -233,3 +233,15 @@ def param_row(p: Any, name: str, shape: tuple[int, ...], ctype: np.dtype) -> np.
 def stat_shape(x: np.ndarray, shape: tuple[int, ...]) -> tuple[int, ...]:
     """Shape of a saved per-row statistic: the leading dims, then 1 per normalised dim."""
     return tuple(x.shape[: x.ndim - len(shape)]) + (1,) * len(shape)
+
+
+def result_dtype(dtype: np.dtype, ctype: np.dtype) -> np.dtype:
+    """The dtype a result takes: ``dtype``, promoted to complex when the computation is complex.
+
+    A real x with a complex dy (complex-step differentiation through the backward) must give a
+    complex dx, not a silently discarded imaginary part.
+    """
+    dtype = np.dtype(dtype)
+    if np.dtype(ctype).kind != "c" or dtype.kind == "c":
+        return dtype
+    return np.dtype(np.complex128) if dtype == np.float64 else np.dtype(np.complex64)

@@ -3,7 +3,7 @@ r"""LayerNorm, written as a diff against RMSNorm: LN(x) = RMSNorm(x − mean(x))
 For one row of N features (torch semantics: eps defaults to 1e-5, biased variance):
 
 Forward
-    (1)  mu   = (1/N) Σ_j x_j                 mean (refined once: mu += mean(x − mu))  (M, 1)
+    (1)  mu   = (1/N) Σ_j x_j                 mean (refined once, see below)          (M, 1)
     (2)  xc   = x − mu                        centred input                            (M, N)
     (3)  var  = (1/N) Σ_j xc_j²               biased variance                          (M, 1)
     (4)  rstd = 1 / sqrt(var + eps)                                                    (M, 1)
@@ -38,6 +38,7 @@ from rmsref._shapes import (
     prepare_input,
     resolve_eps,
     resolve_out_dtype,
+    result_dtype,
     stat_shape,
 )
 from rmsref.rmsnorm import _ColumnSum, _grad_out, _scale_offset
@@ -69,8 +70,13 @@ def _ln_stats_rows(xr: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray, 
     k = _sumsq.row_exponents(xr, eps) if _sumsq.needs_scaling(xr.dtype) else None
     xs = _sumsq.scale_rows(xr, k)  # (M, N)  x · 2^-k, exact
     mu = np.mean(xs, axis=-1, keepdims=True)  # (M, 1)  eq. (1)
-    mu = mu + np.mean(xs - mu, axis=-1, keepdims=True)  # (M, 1)  one refinement step
     xc = xs - mu  # (M, N)  eq. (2)
+    # One refinement step, applied in the centred domain: for x = 1e8 + noise the first mean is
+    # off by up to an ulp of 1e8 (1.5e-8), which mu itself cannot represent any better, but the
+    # centred values can absorb the correction exactly enough (measured: 3e-9 -> 4e-16 in xhat).
+    correction = np.mean(xc, axis=-1, keepdims=True)  # (M, 1)
+    xc = xc - correction
+    mu = mu + correction
     var = _sumsq.sum_of_squares(xc) / xs.shape[-1]  # (M, 1)  eq. (3)
     denom = np.sqrt(var + _sumsq.scale_eps(eps, k))  # (M, 1)
     xhat = xc / denom  # (M, N)  eq. (5)
@@ -120,7 +126,7 @@ def layer_norm_forward(
     weight_arr = None if weight is None else as_array(weight, "weight")
     ctype = compute_dtype(x, weight_arr)
     eps = resolve_eps(eps, x.dtype, default=DEFAULT_EPS)
-    dtype = resolve_out_dtype(out_dtype, x)
+    dtype = result_dtype(resolve_out_dtype(out_dtype, x), ctype)
     m, n = xrows.shape
     wt = _scale_offset(param_row(weight_arr, "weight", shape, ctype), 0.0, n, ctype)
     b = param_row(bias, "bias", shape, ctype)
@@ -171,7 +177,7 @@ def layer_norm_backward(
     saved_rstd = check_rstd(rstd, x, shape)
     dyrows = dy_arr.reshape(m, n)
 
-    dx = np.empty((m, n), x.dtype)
+    dx = np.empty((m, n), result_dtype(x.dtype, ctype))
     dweight = _ColumnSum(n, ctype)
     dbias = _ColumnSum(n, ctype)
     with np.errstate(all="ignore"):
@@ -183,7 +189,7 @@ def layer_norm_backward(
                 rstd_r = saved_rstd[rows].astype(ctype)
                 xhat = (xr - saved_mean[rows].astype(ctype)) * rstd_r  # eq. (5)
             dyr = dyrows[rows].astype(ctype)
-            dx[rows] = round_to(_ln_dx_rows(dyr * wt, xhat, rstd_r), x.dtype)  # eqs. (7)-(10)
+            dx[rows] = round_to(_ln_dx_rows(dyr * wt, xhat, rstd_r), dx.dtype)  # eqs. (7)-(10)
             if weight_arr is not None:
                 dweight.add(dyr * xhat)  # eq. (11)
             if bias_arr is not None:
@@ -254,7 +260,7 @@ def layer_norm_backward_staged(
         dx += dmu / n  # (M, N)  node 1 -> x, second path (+=)
 
     return LayerNormGrads(
-        round_to(dx, x_in.dtype).reshape(x_in.shape),
+        round_to(dx, result_dtype(x_in.dtype, ctype)).reshape(x_in.shape),
         _grad_out(dweight, weight_in, shape),
         _grad_out(dbias, bias_in, shape),
     )
@@ -288,7 +294,7 @@ def layer_norm_jvp(
     db_t = param_row(dbias_tan, "dbias_tan", shape, ctype)
     trows = t.reshape(m, n)
 
-    dy_t = np.empty((m, n), x.dtype)
+    dy_t = np.empty((m, n), result_dtype(x.dtype, ctype))
     with np.errstate(all="ignore"):
         for rows in _sumsq.row_chunks(m, n):
             xhat, _, rstd = _ln_stats_rows(xrows[rows].astype(ctype), eps)
@@ -300,7 +306,7 @@ def layer_norm_jvp(
                 out += xhat * dw_t
             if db_t is not None:
                 out += db_t
-            dy_t[rows] = round_to(out, x.dtype)
+            dy_t[rows] = round_to(out, dy_t.dtype)
     return dy_t.reshape(x.shape)
 
 

@@ -53,6 +53,7 @@ from rmsref._shapes import (
     resolve_eps,
     resolve_out_dtype,
     resolve_partial,
+    result_dtype,
     stat_shape,
 )
 
@@ -171,7 +172,7 @@ def _grad_out(g: np.ndarray | None, like: np.ndarray | None, shape: tuple[int, .
     """A parameter gradient rounded to its parameter's dtype and shape (None without one)."""
     if like is None or g is None:
         return None
-    return round_to(g, like.dtype).reshape(shape)
+    return round_to(g, result_dtype(like.dtype, g.dtype)).reshape(shape)
 
 
 def _param(p: Any, name: str, shape: tuple[int, ...], ctype: np.dtype) -> tuple[Any, Any]:
@@ -261,7 +262,7 @@ def rms_norm_forward(
     weight_arr = as_array(weight, "weight") if weight is not None else None
     ctype = compute_dtype(x, weight_arr)
     eps = resolve_eps(eps, x.dtype)
-    dtype = resolve_out_dtype(out_dtype, x)
+    dtype = result_dtype(resolve_out_dtype(out_dtype, x), ctype)
     m, n = xrows.shape
     k_feat = resolve_partial(partial, n)
     wt = _scale_offset(param_row(weight_arr, "weight", shape, ctype), offset, n, ctype)
@@ -329,7 +330,7 @@ def rms_norm_backward(
     saved = check_rstd(rstd, x, shape)
     dyrows = dy_arr.reshape(m, n)
 
-    dx = np.empty((m, n), x.dtype)
+    dx = np.empty((m, n), result_dtype(x.dtype, ctype))
     dweight = _ColumnSum(n, ctype)
     dbias = _ColumnSum(n, ctype)
     with np.errstate(all="ignore"):
@@ -342,7 +343,7 @@ def rms_norm_backward(
                 xhat = xr * rstd_r  # eq. (3) with the kernel's own statistic
             dyr = dyrows[rows].astype(ctype)
             dxhat = dyr * wt  # (m, N)  eq. (5)
-            dx[rows] = round_to(_dx_rows(dxhat, xhat, rstd_r, k_feat), x.dtype)  # eqs. (6)-(7)
+            dx[rows] = round_to(_dx_rows(dxhat, xhat, rstd_r, k_feat), dx.dtype)  # eqs. (6)-(7)
             if weight_arr is not None:
                 dweight.add(dyr * xhat)  # eq. (8)
             if bias_arr is not None:
@@ -415,7 +416,7 @@ def rms_norm_backward_staged(
         dx += 2.0 * x * dx2  # (M, N)  node 1 -> x, the second path: += where x feeds two nodes
 
     return RMSNormGrads(
-        round_to(dx, x_in.dtype).reshape(x_in.shape),
+        round_to(dx, result_dtype(x_in.dtype, ctype)).reshape(x_in.shape),
         _grad_out(dweight, weight_in, shape),
         _grad_out(dbias, bias_in, shape),
     )
@@ -469,7 +470,7 @@ def rms_norm_jvp(
     db_t = param_row(dbias_tan, "dbias_tan", shape, ctype)
     trows = t.reshape(m, n)
 
-    dy_t = np.empty((m, n), x.dtype)
+    dy_t = np.empty((m, n), result_dtype(x.dtype, ctype))
     with np.errstate(all="ignore"):
         for rows in _sumsq.row_chunks(m, n):
             xhat, rstd = _stats_rows(xrows[rows].astype(ctype), eps, k_feat)
@@ -481,7 +482,7 @@ def rms_norm_jvp(
                 out += xhat * dw_t
             if db_t is not None:
                 out += db_t
-            dy_t[rows] = round_to(out, x.dtype)
+            dy_t[rows] = round_to(out, dy_t.dtype)
     return dy_t.reshape(x.shape)
 
 
@@ -561,9 +562,9 @@ def rms_norm_double_backward(
         if ddw is not None:
             dx = dx + r * ddw * dyr
     return RMSNormDoubleGrads(
-        round_to(dx, x_in.dtype).reshape(x_in.shape),
+        round_to(dx, result_dtype(x_in.dtype, ctype)).reshape(x_in.shape),
         _grad_out(dweight, weight_in, shape),
-        round_to(ddy, dy_in.dtype).reshape(x_in.shape),
+        round_to(ddy, result_dtype(dy_in.dtype, ctype)).reshape(x_in.shape),
     )
 
 
@@ -637,15 +638,15 @@ def add_rms_norm_forward(
     m, n = xrows.shape
     wt = _scale_offset(param_row(weight_arr, "weight", shape, ctype), offset, n, ctype)
 
-    y = np.empty((m, n), x_arr.dtype)
-    new_res = np.empty((m, n), res.dtype)
+    y = np.empty((m, n), result_dtype(x_arr.dtype, ctype))
+    new_res = np.empty((m, n), result_dtype(res.dtype, ctype))
     rstd = np.empty((m, 1), ctype)
     with np.errstate(all="ignore"):
         for rows in _sumsq.row_chunks(m, n):
             h = _residual_sum(xrows[rows], rrows[rows], rounding, ctype)
-            new_res[rows] = round_to(h, res.dtype)
+            new_res[rows] = round_to(h, new_res.dtype)
             xhat, rstd[rows] = _stats_rows(h, eps, n)
-            y[rows] = round_to(xhat * wt, x_arr.dtype)
+            y[rows] = round_to(xhat * wt, y.dtype)
     return (
         y.reshape(x_arr.shape),
         new_res.reshape(x_arr.shape),
@@ -686,8 +687,8 @@ def add_rms_norm_backward(
     saved = check_rstd(rstd, x_arr, shape)
     dyrows = dy_arr.reshape(m, n)
 
-    dx = np.empty((m, n), x_arr.dtype)
-    dresidual = np.empty((m, n), res.dtype)
+    dx = np.empty((m, n), result_dtype(x_arr.dtype, ctype))
+    dresidual = np.empty((m, n), result_dtype(res.dtype, ctype))
     dweight = _ColumnSum(n, ctype)
     with np.errstate(all="ignore"):
         for rows in _sumsq.row_chunks(m, n):
@@ -701,8 +702,8 @@ def add_rms_norm_backward(
             dh = _dx_rows(dyr * wt, xhat, rstd_r, n)  # eqs. (5)-(7) on h
             if dres_out is not None:
                 dh += dres_out.reshape(m, n)[rows].astype(ctype)  # h also feeds new_residual
-            dx[rows] = round_to(dh, x_arr.dtype)
-            dresidual[rows] = round_to(dh, res.dtype)
+            dx[rows] = round_to(dh, dx.dtype)
+            dresidual[rows] = round_to(dh, dresidual.dtype)
             if weight_arr is not None:
                 dweight.add(dyr * xhat)  # eq. (8)
     return AddRMSNormGrads(

@@ -37,6 +37,7 @@ from rmsref._shapes import (
     prepare_input,
     resolve_eps,
     resolve_out_dtype,
+    result_dtype,
     stat_shape,
 )
 from rmsref.rmsnorm import _ColumnSum, _dx_rows, _grad_out, _scale_offset, _stats_rows
@@ -88,7 +89,7 @@ def unit_norm_forward(
     weight_arr = None if weight is None else as_array(weight, "weight")
     ctype = compute_dtype(x, weight_arr)
     eps = resolve_eps(eps, x.dtype, default=0.0)
-    dtype = resolve_out_dtype(out_dtype, x)
+    dtype = result_dtype(resolve_out_dtype(out_dtype, x), ctype)
     m, n = xrows.shape
     wt = _scale_offset(param_row(weight_arr, "weight", shape, ctype), 0.0, n, ctype)
     b = param_row(bias, "bias", shape, ctype)
@@ -129,7 +130,7 @@ def unit_norm_backward(
     saved = check_rstd(rnorm, x, shape)
     dyrows = dy_arr.reshape(m, n)
 
-    dx = np.empty((m, n), x.dtype)
+    dx = np.empty((m, n), result_dtype(x.dtype, ctype))
     dweight = _ColumnSum(n, ctype)
     dbias = _ColumnSum(n, ctype)
     with np.errstate(all="ignore"):
@@ -141,7 +142,7 @@ def unit_norm_backward(
                 rnorm_r = saved[rows].astype(ctype)
                 xhat = xr * rnorm_r
             dyr = dyrows[rows].astype(ctype)
-            dx[rows] = round_to(_dx_rows(dyr * wt, xhat, rnorm_r, n, divisor=1), x.dtype)
+            dx[rows] = round_to(_dx_rows(dyr * wt, xhat, rnorm_r, n, divisor=1), dx.dtype)
             if weight_arr is not None:
                 dweight.add(dyr * xhat)
             if bias_arr is not None:
@@ -202,7 +203,7 @@ def unit_norm_backward_staged(
         dx += 2.0 * x * dx2  # (M, N)  node 1 -> x: += where x feeds two nodes
 
     return UnitNormGrads(
-        round_to(dx, x_in.dtype).reshape(x_in.shape),
+        round_to(dx, result_dtype(x_in.dtype, ctype)).reshape(x_in.shape),
         _grad_out(dweight, weight_in, shape),
         _grad_out(dbias, bias_in, shape),
     )
@@ -233,7 +234,7 @@ def unit_norm_jvp(
     db_t = param_row(dbias_tan, "dbias_tan", shape, ctype)
     trows = t.reshape(m, n)
 
-    dy_t = np.empty((m, n), x.dtype)
+    dy_t = np.empty((m, n), result_dtype(x.dtype, ctype))
     with np.errstate(all="ignore"):
         for rows in _sumsq.row_chunks(m, n):
             xhat, rnorm = _stats_rows(xrows[rows].astype(ctype), eps, n, divisor=1)
@@ -244,7 +245,7 @@ def unit_norm_jvp(
                 out += xhat * dw_t
             if db_t is not None:
                 out += db_t
-            dy_t[rows] = round_to(out, x.dtype)
+            dy_t[rows] = round_to(out, dy_t.dtype)
     return dy_t.reshape(x.shape)
 
 

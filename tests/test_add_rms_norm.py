@@ -1,0 +1,54 @@
+"""Fused residual add + RMSNorm: both rounding meanings, forward and backward."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import rmsref
+from rmsref._rounding import round_to
+from rmsref._shapes import bfloat16
+
+
+def test_fp32_sum_normalises_the_unrounded_sum(rng):
+    x = rng.standard_normal((4, 64)).astype(bfloat16)
+    r = rng.standard_normal((4, 64)).astype(bfloat16)
+    w = rng.standard_normal(64).astype(np.float32)
+    h = x.astype(np.float64) + r.astype(np.float64)
+    y, res = rmsref.add_rms_norm(x, r, 64, w, rounding="fp32-sum")
+    np.testing.assert_array_equal(y, round_to(rmsref.rms_norm(h, 64, w, 2.0**-23), bfloat16))
+    np.testing.assert_array_equal(res, round_to(h, bfloat16))
+
+
+def test_rounded_sum_normalises_the_rounded_sum(rng):
+    x = rng.standard_normal((4, 64)).astype(bfloat16)
+    r = (rng.standard_normal((4, 64)) * 7).astype(bfloat16)
+    h = round_to(x.astype(np.float64) + r.astype(np.float64), bfloat16)
+    y, res = rmsref.add_rms_norm(x, r, 64, rounding="rounded-sum")
+    np.testing.assert_array_equal(y, rmsref.rms_norm(h, 64))
+    np.testing.assert_array_equal(res, h)
+    y32, _ = rmsref.add_rms_norm(x, r, 64, rounding="fp32-sum")
+    assert np.any(y32 != y), "the two meanings should differ somewhere on bf16 inputs"
+
+
+@pytest.mark.parametrize("rounding", ["fp32-sum", "rounded-sum"])
+def test_backward_is_rmsnorm_backward_of_the_sum_plus_residual_grad(rng, rounding):
+    x, r = rng.standard_normal((3, 16)), rng.standard_normal((3, 16))
+    w, dy, dres = (
+        rng.standard_normal(16),
+        rng.standard_normal((3, 16)),
+        rng.standard_normal((3, 16)),
+    )
+    g = rmsref.add_rms_norm_backward(dy, dres, x, r, 16, w, 1e-5, rounding=rounding)
+    ref = rmsref.rms_norm_backward(dy, x + r, 16, w, 1e-5)
+    np.testing.assert_allclose(g.dx, ref.dx + dres, rtol=1e-14)
+    np.testing.assert_array_equal(g.dx, g.dresidual)
+    np.testing.assert_allclose(g.dweight, ref.dweight, rtol=1e-14)
+    _, _, rstd = rmsref.add_rms_norm_forward(x, r, 16, w, 1e-5)
+    g2 = rmsref.add_rms_norm_backward(dy, None, x, r, 16, w, 1e-5, rstd=rstd)
+    np.testing.assert_allclose(g2.dx, ref.dx, rtol=1e-13)
+
+
+def test_residual_shape_is_checked():
+    with pytest.raises(ValueError, match=r"residual has shape \(2, 4\)"):
+        rmsref.add_rms_norm(np.ones((2, 3)), np.ones((2, 4)), 3)
