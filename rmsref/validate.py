@@ -1,0 +1,958 @@
+"""Is my RMSNorm right, and if not, what is wrong with it? ``validate`` answers both.
+
+``validate(forward, backward)`` runs an implementation on adversarial probes (below) in each
+dtype, computes the exact answer with the float64 oracle *on the implementation's own rounded
+inputs*, and compares element by element against the rounding-error bounds of
+:mod:`rmsref.tolerance`. A case passes when every element is within its bound (observed/bound
+ratio ≤ 1). When a case fails, the error's shape is matched against known mistakes (a missing
+projection term, 1/(N−1), eps outside the sqrt, double rounding, a wrong default eps, ...) and the
+report says which one explains it.
+
+The implementation is a plain array callable with the signature of :func:`rmsref.rms_norm`::
+
+    forward(x, normalized_shape, weight=None, eps=None) -> y
+    backward(dy, x, normalized_shape, weight=None, eps=None) -> (dx, dweight)
+
+NumPy arrays in and out, bfloat16 as ml_dtypes. ``rmsref.adapters.torch`` / ``jax`` turn framework
+functions and modules into such callables.
+
+Probes: ``gaussian``, ``offset`` (a large common offset: RMSNorm and LayerNorm part ways),
+``huge`` / ``tiny`` magnitudes (x² overflows or underflows the input dtype), ``overflow`` /
+``underflow`` (x² leaves the range of a float32 accumulator: advisory, since a float32 pipeline
+cannot pass), ``zero_rows``, ``n1`` (N = 1), ``tails`` (N not a multiple of 32/128/1024),
+``boundaries`` (one-hot entries at block boundaries), ``cancel`` (dy ∥ x̂/w: dx cancels),
+``nan_inf`` (one NaN and one Inf must stay in their rows), ``noncontig``, ``empty``, ``multidim``,
+``no_weight``, ``square`` (rows = N, where a dweight summed over the wrong axis has the right
+shape), ``eps_default``, ``eps_explicit``. Plus: the rounding order on half types, the
+determinism of two identical calls, and, when the implementation accepts float64, that its
+backward is the derivative of its own forward (directional central differences).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rmsref import conventions as conv_mod
+from rmsref import tolerance as tol
+from rmsref._shapes import FLOAT_DTYPES
+
+Forward = Callable[..., Any]
+Backward = Callable[..., Any]
+Progress = Callable[[int, int, str], None]
+
+#: Per convention: output roundings (k_out) and the accumulation dtype rule ("opmath" or "input").
+_MODEL = {
+    "torch": (1, "opmath"),
+    "fused_fp32": (1, "opmath"),
+    "fused_fp32_div": (1, "opmath"),
+    "gemma": (1, "opmath"),
+    "gemma_wdtype": (2, "opmath"),   # R_w(1 + w) is a second rounding of the scale
+    "llama": (2, "opmath"),
+    "t5": (2, "opmath"),
+    "flax": (1, "opmath"),
+    "native": (3, "input"),          # ms, rstd, x·rstd and ·w all rounded to the input dtype
+}
+
+#: Which emulated rounding order each convention's half-type output must match best.
+_ORDER_RIVALS = {"torch": "llama", "fused_fp32": "llama", "llama": "torch", "gemma": "gemma_wdtype",
+                 "gemma_wdtype": "gemma"}
+
+ALL_PROBES = (
+    "gaussian", "offset", "huge", "tiny", "overflow", "underflow", "zero_rows", "n1", "tails",
+    "boundaries", "cancel", "nan_inf", "noncontig", "empty", "multidim", "no_weight", "square",
+    "eps_default", "eps_explicit",
+)
+#: Probes whose failure is reported but does not fail validation: no float32-accumulating
+#: implementation can pass them (x² leaves float32's range), and the oracle's answer is shown.
+ADVISORY = ("overflow", "underflow")
+
+
+# ------------------------------------------------------------------------------------------------
+# Probe inputs
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Case:
+    probe: str
+    x: np.ndarray
+    weight: np.ndarray | None
+    shape: tuple[int, ...]
+    eps: float | None
+    dy: np.ndarray
+    skip_rows: tuple[int, ...] = ()      # rows that hold NaN/Inf: checked for containment only
+
+
+def _dt(name: str) -> np.dtype:
+    try:
+        return FLOAT_DTYPES[name]
+    except KeyError:
+        raise ValueError(f"dtype {name!r} not supported; use {', '.join(FLOAT_DTYPES)}") from None
+
+
+def _cast(a: np.ndarray, dt: np.dtype) -> np.ndarray:
+    # float64 -> float32 -> dtype: the probe values need not be correctly rounded, only exact
+    # in the dtype once made (the reference is computed on these rounded values).
+    with np.errstate(over="ignore"):
+        return np.asarray(a, np.float64).astype(np.float32).astype(dt)
+
+
+def _make_cases(probe: str, dt: np.dtype, rng: np.random.Generator,
+                shapes: Sequence[tuple[int, ...]] | None, eps: float | None) -> list[_Case]:
+    fmax = 65504.0 if dt == np.float16 else 3.0e38
+
+    def case(x64, shape=None, w64="rand", e="keep", dy64=None, skip=()):
+        x = _cast(x64, dt)
+        shape = (x.shape[-1],) if shape is None else shape
+        if isinstance(w64, str):
+            w64 = 1.0 + 0.3 * rng.standard_normal(shape)
+        w = None if w64 is None else _cast(w64, dt)
+        if dy64 is None:
+            dy64 = rng.standard_normal(x.shape)
+        e_arg = eps if e == "keep" else e
+        return _Case(probe, x, w, tuple(shape), e_arg, _cast(dy64, dt), tuple(skip))
+
+    g = rng.standard_normal
+    if probe == "gaussian":
+        return [case(2.0 * g(s), (s[-1],)) for s in (shapes or [(16, 768)])]
+    if probe == "offset":
+        return [case(30.0 + 0.05 * g((16, 512)))]
+    if probe == "huge":
+        # x² overflows float16 (|x| > 256); for 8-bit-exponent dtypes x² ~ 1e18 stays finite.
+        # (Not beyond 1e9: autograd's d rsqrt(ms) = -½·ms^(-3/2) then underflows float32 and
+        # the projection term of dx is lost; that range is the advisory `overflow` probe.)
+        scale = 2.0e3 if dt == np.float16 else 1.0e9
+        return [case(np.clip(scale * g((8, 256)), -fmax / 2, fmax / 2))]
+    if probe == "tiny":
+        # x² underflows float16 (|x| < 2^-12) / float32 (|x| < 1e-23); eps (default) dominates.
+        scale = 1.0e-3 if dt == np.float16 else 1.0e-21
+        return [case(scale * g((8, 256)))]
+    if probe == "overflow":
+        if dt == np.float16:
+            return []
+        return [case(1.0e20 * g((8, 256)))]
+    if probe == "underflow":
+        if dt == np.float16:
+            return []
+        return [case(1.0e-25 * g((8, 256)), e=0.0)]
+    if probe == "zero_rows":
+        x = 2.0 * g((8, 128))
+        x[[1, 6]] = 0.0
+        return [case(x)]
+    if probe == "n1":
+        return [case(2.0 * g((8, 1)))]
+    if probe == "tails":
+        return [case(2.0 * g((4, n))) for n in (33, 127, 129, 1025)]
+    if probe == "boundaries":
+        n = 1031
+        cols = (0, 31, 32, 127, 128, 1023, 1024, 1030)
+        x = 0.01 * g((len(cols), n))
+        for r, c in enumerate(cols):
+            x[r, c] = 10.0
+        return [case(x)]
+    if probe == "cancel":
+        # dy = x̂/w (+ tiny noise): dxhat = dy·w ∥ x̂, so dx = rstd·(dxhat − x̂·c) nearly cancels.
+        x = 2.0 * g((8, 512))
+        w = 1.0 + 0.3 * g(512)
+        xq, wq = _cast(x, dt).astype(np.float64), _cast(w, dt).astype(np.float64)
+        xhat = xq / np.sqrt(np.mean(xq * xq, axis=1, keepdims=True))
+        return [case(x, w64=w, dy64=xhat / wq + 1e-3 * g(x.shape))]
+    if probe == "nan_inf":
+        x = 2.0 * g((8, 256))
+        x[2, 5] = np.nan
+        x[5, 100] = np.inf
+        return [case(x, skip=(2, 5))]
+    if probe == "noncontig":
+        base = 2.0 * g((16, 1024))
+        c = case(base)
+        c.x = c.x[::2, ::2]                    # strided rows and columns
+        c.dy = c.dy[::2, ::2]
+        c.shape = (512,)
+        c.weight = _cast(1.0 + 0.3 * g(1024), dt)[::2]
+        return [c]
+    if probe == "empty":
+        return [case(np.zeros((0, 64)))]
+    if probe == "multidim":
+        return [case(2.0 * g((3, 5, 4, 16)), shape=(4, 16))]
+    if probe == "no_weight":
+        return [case(2.0 * g((8, 256)), w64=None)]
+    if probe == "square":
+        return [case(2.0 * g((64, 64)))]
+    if probe == "eps_default":
+        # activation scale 0.06: mean(x²) ≈ 0.0036, so 2^-7 (bf16 eps) instead of 2^-23 is a
+        # 1.8x error and 1e-6 instead of 2^-23 a 1e-4 relative one.
+        return [case(0.06 * g((8, 512)), e=None)]
+    if probe == "eps_explicit":
+        return [case(0.03 * g((8, 512)), e=1e-3 if eps is None else eps)]
+    raise ValueError(f"unknown probe {probe!r}; known: {', '.join(ALL_PROBES)}")
+
+
+# ------------------------------------------------------------------------------------------------
+# Results
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CaseResult:
+    """One probe × dtype × quantity: the worst error and its ratio to the bound."""
+
+    probe: str
+    dtype: str
+    quantity: str                     # "y", "dx", "dweight", "order", "repeat"
+    shape: tuple[int, ...]
+    passed: bool
+    ratio: float = 0.0                # max over elements of |error| / bound
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    max_ulp: float = 0.0
+    worst: tuple[int, int] | None = None   # (row, column) in the (rows, N) view
+    advisory: bool = False
+    message: str = ""
+    diagnoses: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.passed or self.advisory
+
+
+@dataclass
+class Diagnosis:
+    """A known mistake that explains failures, and where it was seen."""
+
+    code: str
+    text: str
+    seen_in: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        where = ", ".join(self.seen_in[:4]) + (" ..." if len(self.seen_in) > 4 else "")
+        return f"DIAGNOSIS [{self.code}] {self.text} (seen in: {where})"
+
+
+@dataclass
+class ValidationReport:
+    """The outcome of :func:`validate`: truthy when every non-advisory case passes."""
+
+    convention: str
+    dtypes: tuple[str, ...]
+    cases: list[CaseResult]
+    diagnoses: list[Diagnosis]
+    name: str = "implementation"
+
+    def __bool__(self) -> bool:
+        return all(c.ok for c in self.cases)
+
+    @property
+    def failures(self) -> list[CaseResult]:
+        return [c for c in self.cases if not c.ok]
+
+    def lines(self) -> list[str]:
+        """The summary and diagnosis lines (what ``assert_rms_norm_close`` raises with)."""
+        n_fail = len(self.failures)
+        head = (f"{self.name}: {'PASS' if self else 'FAIL'} against convention "
+                f"'{self.convention}' ({len(self.cases)} checks, {n_fail} failed)")
+        out = [head]
+        for c in self.failures[:12]:
+            out.append(f"  FAIL {c.probe}/{c.dtype} {c.quantity}: ratio {_fmt(c.ratio)}, "
+                       f"max abs {_fmt(c.max_abs)}, max ulp {_fmt(c.max_ulp)} at {c.worst}"
+                       + (f" — {c.message}" if c.message else ""))
+        out.extend(d.line() for d in self.diagnoses)
+        return out
+
+    def table(self) -> str:
+        """One screen: a row per probe × dtype with the observed/bound ratio of y, dx, dweight."""
+        rows: dict[tuple[str, str], dict[str, CaseResult]] = {}
+        for c in self.cases:
+            rows.setdefault((c.probe, c.dtype), {})[c.quantity] = c
+        hdr = (f"{'probe':<13}{'dtype':<9}{'y':>9}{'dx':>9}{'dweight':>9}{'ulp(y)':>9}  "
+               f"{'worst (q,row,col)':<22}status")
+        out = [f"rmsref validate: {self.name} as '{self.convention}' "
+               "(ratio = max |error| / bound; pass when <= 1)", hdr, "-" * len(hdr)]
+        for (probe, dtype), qs in rows.items():
+            def r(q, qs=qs):
+                c = qs.get(q)
+                if c is None:
+                    return "-"
+                return _fmt(c.ratio) if not c.message or c.ratio else "ERR"
+            worst_c = max(qs.values(), key=lambda c: (not c.ok, c.ratio))
+            worst = f"{worst_c.quantity},{worst_c.worst[0]},{worst_c.worst[1]}" \
+                if worst_c.worst is not None else ""
+            ulp_y = _fmt(qs["y"].max_ulp) if "y" in qs else "-"
+            status = "ok" if all(c.passed for c in qs.values()) else (
+                "WARN" if all(c.ok for c in qs.values()) else "FAIL")
+            if probe in ("order", "repeat"):
+                msg = next(iter(qs.values())).message
+                status += f" ({msg})" if msg else " (identical bits)"
+            out.append(f"{probe:<13}{dtype:<9}{r('y'):>9}{r('dx'):>9}{r('dweight'):>9}"
+                       f"{ulp_y:>9}  {worst:<22}{status}")
+        n_fail = len(self.failures)
+        out.append("-" * len(hdr))
+        out.append(f"{'PASS' if self else 'FAIL'}: {len(self.cases)} checks, {n_fail} failed, "
+                   f"{sum(1 for c in self.cases if c.advisory and not c.passed)} advisory warnings")
+        out.extend(d.line() for d in self.diagnoses)
+        return "\n".join(out)
+
+    def to_json(self, path: str | None = None) -> str:
+        """All cases and diagnoses as JSON (written to ``path`` when given)."""
+        def clean(v):
+            if isinstance(v, float) and not math.isfinite(v):
+                return str(v)
+            return v
+        doc = {
+            "name": self.name, "convention": self.convention, "dtypes": list(self.dtypes),
+            "passed": bool(self),
+            "cases": [{k: clean(v) for k, v in asdict(c).items()} for c in self.cases],
+            "diagnoses": [asdict(d) for d in self.diagnoses],
+        }
+        text = json.dumps(doc, indent=1)
+        if path is not None:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+        return text
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _fmt(v: float) -> str:
+    if v is None:
+        return "-"
+    if not math.isfinite(v):
+        return "inf" if v > 0 else "nan"
+    if v == 0:
+        return "0"
+    return f"{v:.3g}" if 1e-3 <= abs(v) < 1e4 else f"{v:.1e}"
+
+
+# ------------------------------------------------------------------------------------------------
+# Comparison
+# ------------------------------------------------------------------------------------------------
+
+
+def _rows2(a: np.ndarray, n: int) -> np.ndarray:
+    return np.asarray(a, dtype=np.float64).reshape(-1, n)
+
+
+def _error(actual: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """|actual − ref| in float64; NaN where both are NaN counts as 0, a lone non-finite as inf."""
+    a = np.asarray(actual, dtype=np.float64)
+    r = np.asarray(ref, dtype=np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        e = np.abs(a - r)
+    both_nan = np.isnan(a) & np.isnan(r)
+    same_inf = np.isinf(a) & np.isinf(r) & (a == r)
+    e = np.where(both_nan | same_inf, 0.0, e)
+    return np.where(np.isnan(e), np.inf, e)
+
+
+def _measure(result: CaseResult, actual2: np.ndarray, ref2: np.ndarray, bound2: np.ndarray,
+             out_dtype: np.dtype, mask_rows: np.ndarray | None = None) -> np.ndarray:
+    """Fill the error figures of ``result``; return the per-element ratio (rows, N)."""
+    err = _error(actual2, ref2)
+    if mask_rows is not None:
+        err = np.where(mask_rows[:, None], err, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(err == 0, 0.0, err / bound2)
+        rel = np.where(err == 0, 0.0, err / np.abs(ref2))
+        ulps = np.where(err == 0, 0.0, err / tol.ulp(ref2, out_dtype))
+    if ratio.size:
+        k = int(np.argmax(ratio))
+        result.ratio = float(ratio.flat[k])
+        result.worst = (int(k // ratio.shape[1]), int(k % ratio.shape[1]))
+        result.max_abs = float(np.max(err))
+        result.max_rel = float(np.max(np.where(np.isfinite(rel), rel, np.inf)))
+        result.max_ulp = float(np.max(ulps))
+    result.passed = bool(result.ratio <= 1.0)
+    return ratio
+
+
+# ------------------------------------------------------------------------------------------------
+# Alternative (wrong) answers, float64, for the diagnosis
+# ------------------------------------------------------------------------------------------------
+
+
+def _alt_forward(x2: np.ndarray, w: np.ndarray, eps: float, kind: str,
+                 eps_alt: float | None = None, keep: int | None = None) -> np.ndarray:
+    """y (float64 rows) of a known mistake ``kind`` applied to rows x2 (float64)."""
+    n = x2.shape[1]
+    with np.errstate(all="ignore"):
+        if kind == "nm1":
+            ms = np.sum(x2 * x2, axis=1, keepdims=True) / (n - 1) if n > 1 else np.full(
+                (x2.shape[0], 1), np.inf)
+            return x2 / np.sqrt(ms + eps) * w
+        if kind == "eps_outside":
+            return x2 / (np.sqrt(np.mean(x2 * x2, axis=1, keepdims=True)) + eps) * w
+        if kind == "eps":
+            return x2 / np.sqrt(np.mean(x2 * x2, axis=1, keepdims=True) + eps_alt) * w
+        if kind == "layernorm":
+            xc = x2 - np.mean(x2, axis=1, keepdims=True)
+            return xc / np.sqrt(np.mean(xc * xc, axis=1, keepdims=True) + eps) * w
+        if kind == "tail_stat":
+            ms = np.sum(x2[:, :keep] ** 2, axis=1, keepdims=True) / n
+            return x2 / np.sqrt(ms + eps) * w
+    raise ValueError(kind)
+
+
+def _alt_dx(x2, g2, w, eps, kind):
+    n = x2.shape[1]
+    with np.errstate(all="ignore"):
+        ms = np.mean(x2 * x2, axis=1, keepdims=True)
+        rstd = 1.0 / np.sqrt(ms + eps)
+        xhat = x2 * rstd
+        dxhat = g2 * w
+        if kind == "no_projection":
+            return rstd * dxhat
+        if kind == "nm1":                       # the exact derivative of the 1/(N−1) forward
+            r = 1.0 / np.sqrt(np.sum(x2 * x2, axis=1, keepdims=True) / (n - 1) + eps)
+            xh = x2 * r
+            return r * (dxhat - xh * np.sum(dxhat * xh, axis=1, keepdims=True) / (n - 1))
+        if kind == "nm1_c":                     # only the projection's mean uses N − 1
+            return rstd * (dxhat - xhat * np.sum(dxhat * xhat, axis=1, keepdims=True) / (n - 1))
+        if kind == "eps_outside":               # derivative of x / (rms + eps)
+            rms = np.sqrt(ms)
+            r = 1.0 / (rms + eps)
+            s = np.sum(dxhat * x2, axis=1, keepdims=True)
+            return r * dxhat - r * r * x2 / (n * rms) * s
+    raise ValueError(kind)
+
+
+_BLOCKS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+def _tail_blocks(bad_cols: np.ndarray, n: int) -> set[int]:
+    """Block sizes B for which every failing column lies in the last partial block of N."""
+    if bad_cols.size == 0:
+        return set()
+    lo = int(bad_cols.min())
+    return {b for b in _BLOCKS if n % b and n // b >= 1 and lo >= (n // b) * b}
+
+
+# ------------------------------------------------------------------------------------------------
+# validate
+# ------------------------------------------------------------------------------------------------
+
+
+class _Diagnoser:
+    def __init__(self) -> None:
+        self.found: dict[str, Diagnosis] = {}
+        self.blocks: dict[str, set[int]] = {}
+
+    def add(self, code: str, text: str, where: str, result: CaseResult | None = None) -> None:
+        d = self.found.setdefault(code, Diagnosis(code, text))
+        if where not in d.seen_in:
+            d.seen_in.append(where)
+        if result is not None and code not in result.diagnoses:
+            result.diagnoses.append(code)
+
+    def add_tail(self, code: str, blocks: set[int], n: int, where: str, res: CaseResult) -> None:
+        """Tail bugs: keep the block sizes consistent with every case seen so far."""
+        self.blocks[code] = self.blocks.get(code, set(blocks)) & set(blocks)
+        self.add(code, "", f"{where} N={n}", res)
+
+    def finish(self) -> list[Diagnosis]:
+        for code, blocks in self.blocks.items():
+            b = max(blocks) if blocks else None
+            size = f"a block of {b}" if b else "a block"
+            what = ("errors are confined to the columns of the last partial block (consistent "
+                    f"with {size} columns): a block/tail-handling bug, e.g. masking or "
+                    "indexing of the last partial block" if code == "tail" else
+                    f"the sum of squares skips the columns of the last partial block ({size} "
+                    "columns): a block/tail bug in the reduction")
+            self.found[code].text = what
+        return list(self.found.values())
+
+
+def _call(fn: Callable, *args) -> tuple[Any, str]:
+    try:
+        return fn(*args), ""
+    except Exception as exc:  # the implementation's own error is a result, not our crash
+        tb = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        return None, tb
+
+
+def validate(
+    forward: Forward,
+    backward: Backward | None = None,
+    *,
+    convention: str = "torch",
+    dtypes: Sequence[str] = ("float32", "bfloat16", "float16"),
+    shapes: Sequence[tuple[int, ...]] | None = None,
+    probes: str | Sequence[str] = "all",
+    eps: float | None = None,
+    seed: int = 0,
+    form: tol.Form = "probabilistic",
+    repeat: bool = True,
+    name: str = "implementation",
+    progress: Progress | None = None,
+) -> ValidationReport:
+    """Check ``forward`` (and ``backward``) against the oracle under rounding-error bounds.
+
+    Parameters
+    ----------
+    forward : callable
+        ``forward(x, normalized_shape, weight=None, eps=None) -> y`` on NumPy arrays.
+    backward : callable, optional
+        ``backward(dy, x, normalized_shape, weight=None, eps=None) -> (dx, dweight)``.
+    convention : str
+        What the implementation claims to compute (:mod:`rmsref.conventions`): sets the eps
+        default, the weight offset (``gemma``: 1 + w), the number of output roundings allowed,
+        and the rounding order expected on half types.
+    dtypes : sequence of str
+        Input dtypes to run (x, weight and dy share the dtype).
+    shapes : sequence of tuples, optional
+        Shapes of the ``gaussian`` probe (default ``[(16, 768)]``); the last dim is normalised.
+    probes : "all" or sequence of str
+        Which probes to run (:data:`ALL_PROBES`).
+    eps : float, optional
+        None: probes pass eps=None (the implementation's default) except ``eps_explicit``; a
+        float: every probe except ``eps_default`` and ``underflow`` passes it.
+    seed : int
+        Seed of the probe inputs.
+    form : {"probabilistic", "deterministic"}
+        The form of the accumulation term γ (:func:`rmsref.tolerance.gamma_acc`).
+    repeat : bool
+        Also call twice on the same inputs and require identical bits (determinism).
+    name : str
+        How the implementation is called in the report.
+    progress : callable, optional
+        ``progress(done, total, label)`` after each probe × dtype.
+
+    Returns
+    -------
+    ValidationReport
+        Truthy when every non-advisory check passes; ``.table()``, ``.lines()``, ``.to_json()``.
+    """
+    from rmsref.rmsnorm import rms_norm_backward, rms_norm_forward
+
+    conv = conv_mod.get(convention)
+    if convention == "paper":
+        raise ValueError("validate checks RMSNorm with eps inside the square root; the 'paper' "
+                         "convention (x / (rms + eps)) is a different function: compare it with "
+                         "rmsref.conventions.emulate('paper', ...) instead")
+    k_out, acc_rule = _MODEL.get(convention, (1, "opmath"))
+    probe_list = list(ALL_PROBES) if probes == "all" else list(
+        [probes] if isinstance(probes, str) else probes)
+    for p in probe_list:
+        if p not in ALL_PROBES:
+            raise ValueError(f"unknown probe {p!r}; known: {', '.join(ALL_PROBES)}")
+    dtype_list = [d if isinstance(d, str) else np.dtype(d).name for d in dtypes]
+    for d in dtype_list:
+        _dt(d)
+    cases: list[CaseResult] = []
+    diag = _Diagnoser()
+    total = len(probe_list) * len(dtype_list)
+    done = 0
+    offset = conv.default_offset
+
+    for dname in dtype_list:
+        dt = _dt(dname)
+        for probe in probe_list:
+            rng = np.random.default_rng([seed, ALL_PROBES.index(probe), list(FLOAT_DTYPES).index(
+                dname)])
+            for c in _make_cases(probe, dt, rng, shapes, eps):
+                _check_case(c, dname, dt, forward, backward, conv, k_out, acc_rule, offset,
+                            form, cases, diag, rms_norm_forward, rms_norm_backward)
+            done += 1
+            if progress is not None:
+                progress(done, total, f"{probe}/{dname}")
+        if convention in _ORDER_RIVALS and dt in (FLOAT_DTYPES["float16"],
+                                                  FLOAT_DTYPES["bfloat16"]):
+            _check_order(forward, convention, dname, dt, seed, cases, diag)
+        if repeat:
+            _check_repeat(forward, backward, dname, dt, seed, cases, diag)
+    if backward is not None and "gaussian" in probe_list:
+        _check_float64_gradient(forward, backward, conv, seed, cases, diag)
+
+    return ValidationReport(convention, tuple(dtype_list), cases, diag.finish(), name)
+
+
+def _check_case(c: _Case, dname, dt, forward, backward, conv, k_out, acc_rule, offset, form,
+                cases, diag, rms_norm_forward, rms_norm_backward) -> None:
+    shape = c.shape
+    n = int(np.prod(shape))
+    where = f"{c.probe}/{dname}"
+    eps_val = conv.default_eps(dt) if c.eps is None else float(c.eps)
+    x64 = c.x.astype(np.float64)
+    w64 = None if c.weight is None else c.weight.astype(np.float64)
+    g64 = c.dy.astype(np.float64)
+    rows = int(np.prod(c.x.shape[: c.x.ndim - len(shape)]))
+    acc = tol.accumulation_dtype(dt) if acc_rule == "opmath" else dt
+    model = tol.ErrorModel(dt, n, max(rows, 1), acc, k_out, form=form)
+    advisory = c.probe in ADVISORY
+    mask = None
+    if c.skip_rows:
+        mask = np.ones(rows, bool)
+        mask[list(c.skip_rows)] = False
+
+    y_ref, rstd = rms_norm_forward(x64, shape, w64, eps_val, offset=offset, out_dtype=np.float64)
+    y_ref2 = _rows2(y_ref, n)
+    rstd2 = np.asarray(rstd, np.float64).reshape(-1, 1)
+    with np.errstate(invalid="ignore"):
+        xhat2 = _rows2(x64, n) * rstd2                                 # (rows, N) exact x̂
+    w_eff = (np.ones(n) if w64 is None else w64.reshape(n)) + offset
+
+    # -- forward ------------------------------------------------------------------------------
+    res = CaseResult(c.probe, dname, "y", tuple(c.x.shape), False, advisory=advisory)
+    cases.append(res)
+    y, err = _call(forward, c.x, shape if len(shape) > 1 else shape[0], c.weight, c.eps)
+    if err or y is None:
+        res.message = f"forward raised {err}" if err else "forward returned None"
+        res.ratio = math.inf
+    else:
+        y = np.asarray(y)
+        if y.shape != c.x.shape:
+            res.message = f"y has shape {y.shape}, expected {c.x.shape}"
+            res.ratio = math.inf
+        else:
+            if y.dtype != dt:
+                res.message = f"y has dtype {y.dtype}, expected {dt} (the input dtype)"
+            b = tol.bound_y(y_ref2, model)
+            y2 = _rows2(y, n)
+            ratio = _measure(res, y2, y_ref2, b, dt, mask)
+            if res.message:
+                res.passed = False
+            if mask is not None:
+                _containment(res, y2, mask)
+            if not res.passed and not advisory:
+                _diagnose_y(res, c, dt, n, y2, y_ref2, b, ratio, eps_val, w_eff, conv, diag, where)
+
+    # -- backward -----------------------------------------------------------------------------
+    if backward is None or c.probe == "nan_inf":
+        return
+    gr = rms_norm_backward(g64, x64, shape, w64, eps_val, offset=offset)
+    dx_ref2 = _rows2(gr.dx, n)
+    g2 = _rows2(g64, n)
+    out, err = _call(backward, c.dy, c.x, shape if len(shape) > 1 else shape[0], c.weight, c.eps)
+    rdx = CaseResult(c.probe, dname, "dx", tuple(c.x.shape), False, advisory=advisory)
+    cases.append(rdx)
+    if err or out is None:
+        rdx.message = f"backward raised {err}" if err else "backward returned None"
+        rdx.ratio = math.inf
+        return
+    dx, dw = out[0], out[1] if len(out) > 1 else None
+    dx = np.asarray(dx)
+    if dx.shape != c.x.shape:
+        rdx.message = f"dx has shape {dx.shape}, expected {c.x.shape}"
+        rdx.ratio = math.inf
+    else:
+        b = tol.bound_dx(dx_ref2, g2, xhat2, rstd2, w_eff, model)
+        ratio = _measure(rdx, _rows2(dx, n), dx_ref2, b, dt)
+        if dx.dtype != dt:
+            rdx.message = f"dx has dtype {dx.dtype}, expected {dt}"
+            rdx.passed = False
+        if not rdx.passed and not advisory:
+            _diagnose_dx(rdx, c, n, _rows2(dx, n), b, ratio, eps_val, w_eff, diag, where)
+    if c.weight is None:
+        return
+    rdw = CaseResult(c.probe, dname, "dweight", tuple(c.weight.shape), False, advisory=advisory)
+    cases.append(rdw)
+    dw_ref = np.asarray(gr.dweight, np.float64).reshape(n)
+    if dw is None:
+        rdw.message = "backward returned no dweight"
+        rdw.ratio = math.inf
+        return
+    dw = np.asarray(dw)
+    if dw.size != n or (dw.shape != c.weight.shape and dw.shape != (n,)):
+        rdw.message = f"dweight has shape {dw.shape}, expected {c.weight.shape}"
+        rdw.ratio = math.inf
+        diag.add("dweight_axis", f"dweight has shape {dw.shape} instead of the weight's "
+                 f"{c.weight.shape}: summed over the wrong axis (must sum dy·x̂ over every "
+                 "leading (row) axis, leaving the normalised ones)", where, rdw)
+        return
+    b = tol.bound_dweight(dw_ref, g2, xhat2, model).reshape(1, n)
+    ratio = _measure(rdw, dw.reshape(1, n), dw_ref.reshape(1, n), b, dt)
+    if not rdw.passed and not advisory:
+        _diagnose_dw(rdw, c, n, dw.reshape(n), g2, xhat2, b.reshape(n), ratio, w_eff, diag, where)
+
+
+def _containment(res: CaseResult, y2: np.ndarray, mask: np.ndarray) -> None:
+    """Rows with NaN/Inf in x may be anything; the other rows must be finite (checked above)."""
+    clean = y2[mask]
+    if clean.size and not np.all(np.isfinite(clean)):
+        res.passed = False
+        res.message = "NaN/Inf leaked out of its row"
+
+
+def _explains(alt2, y2, b, ratio_ref, dt) -> float | None:
+    """The ratio of the implementation to a mistaken answer ``alt2``, if that explains it.
+
+    The mistaken answer is float64; the implementation rounded it once more to ``dt``, so that
+    rounding (u_out·|alt|) is added to the bound. It explains the failure when the ratio to it is
+    small (<= 2) and at most half the ratio to the correct answer.
+    """
+    if b.size == 0:
+        return None
+    with np.errstate(invalid="ignore", over="ignore"):
+        bb = b + tol.unit_roundoff(dt) * np.abs(np.where(np.isfinite(alt2), alt2, 0.0))
+    e = _error(y2, alt2)
+    r = float(np.max(np.where(e == 0, 0.0, e / bb)))
+    return r if (r <= 2.0 and r * 2.0 < ratio_ref) else None
+
+
+def _diagnose_y(res, c, dt, n, y2, y_ref2, b, ratio, eps_val, w_eff, conv, diag, where):
+    x2 = _rows2(c.x, n)
+    ratio_ref = res.ratio
+    tries: list[tuple[str, str, np.ndarray]] = [
+        ("nm1", "the mean of squares divides by N − 1 instead of N (a variance formula)",
+         _alt_forward(x2, w_eff, eps_val, "nm1")),
+        ("eps_outside", "eps is added outside the square root: x / (sqrt(mean(x²)) + eps) "
+         "instead of x / sqrt(mean(x²) + eps)", _alt_forward(x2, w_eff, eps_val, "eps_outside")),
+        ("layernorm", "the mean is subtracted (this is LayerNorm without bias, not RMSNorm)",
+         _alt_forward(x2, w_eff, eps_val, "layernorm")),
+    ]
+    if c.eps is None:
+        in_eps = 2.0**-7 if dt == FLOAT_DTYPES["bfloat16"] else float(np.finfo(dt).eps)
+        cands = {in_eps: "finfo(input dtype).eps, PyTorch's default before January 2025",
+                 1e-5: "a common module default", 1e-6: "HF's rms_norm_eps default",
+                 1e-8: "the RMSNorm paper's default"}
+        for e_alt, label in cands.items():
+            if e_alt == eps_val:
+                continue
+            tries.append(("default_eps", f"wrong default eps: eps=None behaves as eps = {e_alt:.6g}"
+                          f" ({label}); the '{conv.name}' default is {eps_val:.6g} "
+                          f"({conv.eps_default})", _alt_forward(x2, w_eff, eps_val, "eps", e_alt)))
+    for keep_b in _BLOCKS:
+        if n % keep_b and n > keep_b:
+            keep = (n // keep_b) * keep_b
+            tries.append((f"tail_stat:{keep_b}", "", _alt_forward(x2, w_eff, eps_val, "tail_stat",
+                                                                  keep=keep)))
+    best = None
+    for code, text, alt in tries:
+        r = _explains(alt, y2, b, ratio_ref, dt)
+        if r is not None and (best is None or r < best[0]):
+            best = (r, code, text)
+    if best is not None and best[1].startswith("tail_stat"):
+        blocks = {b for b in _BLOCKS if n % b and n > b and (n // b) * b == (n // int(
+            best[1].split(":")[1])) * int(best[1].split(":")[1])}
+        diag.add_tail("tail_stat", blocks, n, where, res)
+        return
+    if best is not None:
+        diag.add(best[1], best[2], where, res)
+        return
+    # Rounding-order mistakes are last-bit effects: compare with the emulations bit for bit.
+    if dt in (FLOAT_DTYPES["float16"], FLOAT_DTYPES["bfloat16"]):
+        rival = _ORDER_RIVALS.get(conv.name)
+        if rival is not None:
+            own = _match(y2, conv_mod.emulate(conv.name, c.x, c.weight, eps_val,
+                                              normalized_shape=c.shape), n)
+            alt = _match(y2, conv_mod.emulate(rival, c.x, c.weight, eps_val,
+                                              normalized_shape=c.shape), n)
+            if alt >= 0.9 and alt > own + 0.05:
+                code, text = _order_text(conv.name, rival, own, alt)
+                diag.add(code, text, where, res)
+                return
+    blocks = _tail_blocks(np.unique(np.nonzero(ratio > 1.0)[1]), n)
+    if blocks:
+        diag.add_tail("tail", blocks, n, where, res)
+
+
+def _order_text(expected: str, rival: str, own: float, alt: float) -> tuple[str, str]:
+    if rival == "llama":
+        return ("double_rounding", f"double rounding: the output matches the 'llama' order "
+                f"(R_in(x̂), then ·w: two roundings) bit for bit on {alt:.1%} of elements, the "
+                f"expected '{expected}' order (one rounding of x̂·w) on {own:.1%}")
+    if rival == "torch":
+        return ("single_rounding", f"single rounding: the output matches the 'torch' order (one "
+                f"rounding of x̂·w) on {alt:.1%} of elements, the expected 'llama' order "
+                f"(R_in(x̂), then ·w) on {own:.1%}: more accurate, but not bit-compatible")
+    if rival == "gemma_wdtype":
+        return ("offset_wdtype", f"the offset is added in the weight dtype: R_w(1 + w) matches "
+                f"{alt:.1%} of elements, (1 + f32(w)) in float32 {own:.1%}")
+    return ("offset_fp32", f"the offset is added in float32 where the weight dtype was expected "
+            f"({alt:.1%} vs {own:.1%} bit-exact)")
+
+
+def _match(y2: np.ndarray, ye: np.ndarray, n: int) -> float:
+    a = y2.astype(np.float64)
+    b = _rows2(ye, n)
+    if a.size == 0:
+        return 1.0
+    return float(np.mean((a == b) | (np.isnan(a) & np.isnan(b))))
+
+
+def _diagnose_dx(res, c, n, dx2, b, ratio, eps_val, w_eff, diag, where):
+    x2 = _rows2(c.x, n)
+    g2 = _rows2(c.dy, n)
+    tries = [
+        ("no_projection", "dx is missing the projection term (the path through rstd): "
+         "dx = rstd·w·dy instead of rstd·(w·dy − x̂·mean(w·dy·x̂))",
+         _alt_dx(x2, g2, w_eff, eps_val, "no_projection")),
+        ("nm1", "the backward uses 1/(N − 1) instead of 1/N (derivative of a variance formula)",
+         _alt_dx(x2, g2, w_eff, eps_val, "nm1")),
+        ("nm1_c", "the projection's mean c = Σ(w·dy·x̂)/(N − 1) divides by N − 1 instead of N",
+         _alt_dx(x2, g2, w_eff, eps_val, "nm1_c")),
+        ("eps_outside", "the backward differentiates x / (rms + eps): eps outside the sqrt",
+         _alt_dx(x2, g2, w_eff, eps_val, "eps_outside")),
+    ]
+    best = None
+    for code, text, alt in tries:
+        r = _explains(alt, dx2, b, res.ratio, c.x.dtype)
+        if r is not None and (best is None or r < best[0]):
+            best = (r, code, text)
+    if best is not None:
+        diag.add(best[1], best[2], where, res)
+        return
+    blocks = _tail_blocks(np.unique(np.nonzero(ratio > 1.0)[1]), n)
+    if blocks:
+        diag.add_tail("tail", blocks, n, where, res)
+
+
+def _diagnose_dw(res, c, n, dw, g2, xhat2, b, ratio, w_eff, diag, where):
+    x2 = _rows2(c.x, n)
+    tries = [
+        ("dweight_x", "dweight sums dy·x instead of dy·x̂ (the rstd factor is missing)",
+         np.sum(g2 * x2, axis=0)),
+        ("dweight_w", "dweight is multiplied by the weight: Σ dy·x̂·w instead of Σ dy·x̂",
+         np.sum(g2 * xhat2, axis=0) * w_eff),
+    ]
+    if g2.shape[0] == n:
+        tries.append(("dweight_axis", "dweight sums dy·x̂ over the feature axis instead of the "
+                      "rows (it has the right shape only because rows = N)",
+                      np.sum(g2 * xhat2, axis=1)))
+    best = None
+    for code, text, alt in tries:
+        r = _explains(alt.reshape(1, n), dw.reshape(1, n), b.reshape(1, n), res.ratio, c.x.dtype)
+        if r is not None and (best is None or r < best[0]):
+            best = (r, code, text)
+    if best is not None:
+        diag.add(best[1], best[2], where, res)
+        return
+    blocks = _tail_blocks(np.unique(np.nonzero(ratio > 1.0)[1]), n)
+    if blocks:
+        diag.add_tail("tail", blocks, n, where, res)
+
+
+def _check_order(forward, convention, dname, dt, seed, cases, diag) -> None:
+    """On half types, the rounding order must be the convention's (bit-exact majority)."""
+    rival = _ORDER_RIVALS[convention]
+    rng = np.random.default_rng([seed, 99])
+    n = 768
+    x = _cast(2.0 * rng.standard_normal((32, n)), dt)
+    w = _cast(1.0 + 0.3 * rng.standard_normal(n), dt)
+    eps = 1e-5
+    res = CaseResult("order", dname, "order", tuple(x.shape), False)
+    cases.append(res)
+    y, err = _call(forward, x, n, w, eps)
+    if err or y is None:
+        res.message = f"forward raised {err}"
+        res.ratio = math.inf
+        return
+    y2 = _rows2(y, n)
+    # The implementation's own rstd (read back from a float32 run) keeps last-bit differences of
+    # its sum out of the comparison; without it, ours (correctly rounded) is used.
+    r = conv_mod.estimate_rstd(forward, x, eps)
+    own = _match(y2, conv_mod.emulate(convention, x, w, eps, rstd=r), n)
+    alt = _match(y2, conv_mod.emulate(rival, x, w, eps, rstd=r), n)
+    res.max_rel = 1.0 - own                # fraction of elements not bit-identical
+    res.ratio = (1.0 - own) / max(1.0 - alt, 1e-12) if own < alt else 0.0
+    res.passed = own >= alt or alt < 0.5    # neither order fits: other checks say why
+    res.message = f"bit-exact with '{convention}' {own:.1%}, with '{rival}' {alt:.1%}"
+    if not res.passed:
+        code, text = _order_text(convention, rival, own, alt)
+        diag.add(code, text, f"order/{dname}", res)
+
+
+def _check_repeat(forward, backward, dname, dt, seed, cases, diag) -> None:
+    """Two identical calls must give identical bits (forward and, when given, backward)."""
+    rng = np.random.default_rng([seed, 98])
+    n = 1024
+    x = _cast(2.0 * rng.standard_normal((64, n)), dt)
+    w = _cast(1.0 + 0.3 * rng.standard_normal(n), dt)
+    g = _cast(rng.standard_normal((64, n)), dt)
+    res = CaseResult("repeat", dname, "repeat", tuple(x.shape), True)
+    cases.append(res)
+    y1, e1 = _call(forward, x, n, w, None)
+    y2, e2 = _call(forward, x, n, w, None)
+    if e1 or e2:
+        res.passed, res.message = False, f"forward raised {e1 or e2}"
+        return
+    bad = []
+    if not _same_bits(y1, y2):
+        bad.append("y")
+    if backward is not None:
+        o1, e1 = _call(backward, g, x, n, w, None)
+        o2, e2 = _call(backward, g, x, n, w, None)
+        if not (e1 or e2):
+            if not _same_bits(o1[0], o2[0]):
+                bad.append("dx")
+            if len(o1) > 1 and o1[1] is not None and not _same_bits(o1[1], o2[1]):
+                bad.append("dweight")
+    if bad:
+        res.passed = False
+        res.message = "two identical calls gave different bits in " + ", ".join(bad)
+        what = "dweight" if bad == ["dweight"] else "/".join(bad)
+        diag.add("nondeterministic", f"non-deterministic {what}: two calls on the same inputs "
+                 "differ (atomics or a thread-count-dependent reduction order)", f"repeat/{dname}",
+                 res)
+
+
+def _check_float64_gradient(forward, backward, conv, seed, cases, diag) -> None:
+    """In float64, the backward must be the derivative of the implementation's *own* forward.
+
+    Directional central differences along a random v (and a random weight direction):
+    <dy, (f(x + hv) − f(x − hv)) / 2h> must equal <dx, v> (+ <dw, v_w>) to ~1e-7 relative
+    (truncation h² ≈ 1e-10, rounding u/h ≈ 1e-10 of the terms' size). Skipped (not failed) when
+    the implementation refuses float64 or computes below float64 accuracy.
+    """
+    rng = np.random.default_rng([seed, 97])
+    m, n = 4, 64
+    x = 2.0 * rng.standard_normal((m, n))
+    w = 1.0 + 0.3 * rng.standard_normal(n)
+    g = rng.standard_normal((m, n))
+    v = rng.standard_normal((m, n))
+    vw = rng.standard_normal(n)
+    eps = 1e-5
+    res = CaseResult("gradcheck", "float64", "dx", (m, n), True)
+    y0, err = _call(forward, x, n, w, eps)
+    if err or y0 is None or np.asarray(y0).dtype != np.float64:
+        return                                              # no float64 support: nothing to do
+    cases.append(res)
+    out, err = _call(backward, g, x, n, w, eps)
+    if err or out is None:
+        res.passed, res.ratio = False, math.inf
+        res.message = f"backward raised {err} in float64"
+        return
+    h = 1e-6
+    yp = np.asarray(forward(x + h * v, n, w + h * vw, eps), np.float64)
+    ym = np.asarray(forward(x - h * v, n, w - h * vw, eps), np.float64)
+    # Second difference y(x+hv) − 2y(x) + y(x−hv) = O(h²) ≈ 1e-12 for a float64 computation; far
+    # larger means float64 in name only (e.g. an internal cast to float32): h is then too small.
+    y0 = np.asarray(y0, np.float64)
+    if not np.max(np.abs(yp - 2.0 * y0 + ym)) <= 1e-9 * np.max(np.abs(y0)):
+        cases.remove(res)
+        return
+    fd = float(np.sum(g * (yp - ym)) / (2 * h))             # directional derivative of <g, f>
+    dx = np.asarray(out[0], np.float64)
+    dw = np.zeros(n) if out[1] is None else np.asarray(out[1], np.float64).reshape(-1)
+    if dx.shape != x.shape or dw.size != n:
+        res.message = "gradcheck skipped: dx or dweight has the wrong shape (reported above)"
+        return
+    an = float(np.sum(dx * v) + np.sum(dw * vw))            # the backward's answer
+    scale = float(np.sum(np.abs(g * (yp - ym))) / (2 * h)) + 1e-300
+    res.max_abs = abs(fd - an)
+    res.ratio = res.max_abs / (1e-7 * scale)
+    res.passed = res.ratio <= 1.0
+    res.message = f"<dy, J v> by central differences {fd:.10g}, from the backward {an:.10g}"
+    if not res.passed:
+        diag.add("inconsistent_backward", "in float64 the backward is not the derivative of the "
+                 "implementation's own forward (directional central differences disagree)",
+                 "gradcheck/float64", res)
+
+
+def _same_bits(a, b) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return bool(np.array_equal(np.ascontiguousarray(a).view(np.uint8),
+                               np.ascontiguousarray(b).view(np.uint8)))
+
+
+from rmsref._callable_module import make_module_callable  # noqa: E402
+
+make_module_callable(__name__, validate)

@@ -1,0 +1,169 @@
+"""The error model of rmsref.tolerance: it holds for correct pipelines, fails for wrong ones, and
+says how loose it is. Reference: the float64 oracle on the pipeline's own rounded inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import rmsref
+from rmsref import tolerance as T
+from rmsref._shapes import bfloat16
+
+DTS = {"float32": np.dtype(np.float32), "bfloat16": bfloat16, "float16": np.dtype(np.float16)}
+
+
+def pipeline_fp32(x, w, dy, eps, out):
+    """A correct float32 pipeline with *sequential* sums (np.cumsum runs left to right): the
+    worst ordinary accumulation order, so the bound is tested where it is tightest."""
+    xf, wf, g = x.astype(np.float32), w.astype(np.float32), dy.astype(np.float32)
+    n = x.shape[1]
+    ms = np.cumsum(xf * xf, axis=1, dtype=np.float32)[:, -1:] / np.float32(n)     # (M, 1)
+    rstd = (np.float32(1) / np.sqrt(ms + np.float32(eps))).astype(np.float32)     # (M, 1)
+    xhat = xf * rstd                                                              # (M, N)
+    y = (xhat * wf).astype(out)
+    dxhat = g * wf
+    c = np.cumsum(dxhat * xhat, axis=1, dtype=np.float32)[:, -1:] / np.float32(n)
+    dx = (rstd * (dxhat - xhat * c)).astype(out)
+    dw = np.cumsum(g * xhat, axis=0, dtype=np.float32)[-1].astype(out)
+    return y, dx, dw
+
+
+def exact(x, w, dy, eps):
+    x64, w64, g64 = (a.astype(np.float64) for a in (x, w, dy))
+    n = x.shape[1]
+    y, rstd = rmsref.rms_norm_forward(x64, n, w64, eps)
+    gr = rmsref.rms_norm_backward(g64, x64, n, w64, eps)
+    return y, gr.dx, gr.dweight, x64 * rstd, rstd, g64, w64
+
+
+def ratios(got, ref, dt, form, rows):
+    y, dx, dw = got
+    y_ref, dx_ref, dw_ref, xhat, rstd, g, w = ref
+    n = y.shape[1]
+    by = T.bound("y", out_dtype=dt, n=n, y=y_ref, form=form)
+    bdx = T.bound("dx", out_dtype=dt, n=n, dx=dx_ref, dy=g, xhat=xhat, rstd=rstd, weight=w,
+                  form=form)
+    bdw = T.bound("dweight", out_dtype=dt, n=n, rows=rows, dweight=dw_ref, dy=g, xhat=xhat,
+                  form=form)
+    r = lambda a, b_, bd: float(np.max(np.abs(a.astype(np.float64) - b_) / bd))  # noqa: E731
+    return r(y, y_ref, by), r(dx, dx_ref, bdx), r(dw, dw_ref, bdw)
+
+
+def inputs(rng, m, n, dt):
+    x = rng.standard_normal((m, n)).astype(np.float32).astype(dt)
+    w = (1 + 0.5 * rng.standard_normal(n)).astype(np.float32).astype(dt)
+    dy = rng.standard_normal((m, n)).astype(np.float32).astype(dt)
+    return x, w, dy
+
+
+def test_unit_roundoff_and_ulp():
+    assert T.unit_roundoff(np.float32) == 2.0**-24
+    assert T.unit_roundoff(bfloat16) == 2.0**-8
+    assert T.unit_roundoff(np.float16) == 2.0**-11
+    assert T.unit_roundoff(np.float64) == 2.0**-53
+    assert T.ulp(np.array([1.0]), np.float32)[0] == 2.0**-23
+    assert T.ulp(np.array([1.5]), bfloat16)[0] == 2.0**-7
+    assert T.ulp(np.array([0.99]), np.float16)[0] == 2.0**-11
+    assert T.ulp(np.array([1e-9]), np.float16)[0] == 2.0**-24      # subnormal spacing
+    assert T.underflow_atol(np.float16) == 2.0**-25
+    with pytest.raises(TypeError, match="int32"):
+        T.unit_roundoff(np.int32)
+
+
+def test_gamma_forms_and_reductions():
+    u = 2.0**-24
+    assert T.gamma_acc(64, np.float32, form="deterministic") == pytest.approx(64 * u / (1 - 64 * u))
+    assert T.gamma_acc(64, np.float32) == pytest.approx(6 * 8 * u)
+    assert T.effective_length(4096, "blocked", 32) == 128 + 5
+    assert T.effective_length(4096, "pairwise") == 12
+    # for large N the worst case is far above the probabilistic form
+    assert T.gamma_acc(65536, form="deterministic") > 40 * T.gamma_acc(65536)
+    with pytest.raises(ValueError, match="reduction"):
+        T.effective_length(10, "tree")
+    with pytest.raises(ValueError, match="needs dx"):
+        T.bound("dx", out_dtype=np.float32, n=4, dx=np.zeros(4))
+
+
+@pytest.mark.parametrize("dname", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("form", ["probabilistic", "deterministic"])
+def test_bounds_hold_for_correct_fp32_pipeline_up_to_65536(dname, form, rng):
+    dt = DTS[dname]
+    seen = {}
+    for n in (64, 1024, 4096, 65536):
+        m = 8 if n < 65536 else 4
+        x, w, dy = inputs(rng, m, n, dt)
+        got = pipeline_fp32(x, w, dy, 1e-6, dt)
+        r = ratios(got, exact(x, w, dy, 1e-6), dt, form, m)
+        seen[n] = r
+        assert max(r) <= 1.0, f"{dname} N={n} {form}: observed/bound (y, dx, dw) = {r}"
+    print(f"\n{dname} {form} observed/bound (y, dx, dw):",
+          {n: tuple(round(v, 4) for v in r) for n, r in seen.items()})
+
+
+def test_fp32_error_grows_and_bound_is_loose_by_stated_amount(rng):
+    """fp32, sequential sums: the y error grows with N, and the probabilistic bound stays within
+    ~50x of it while the deterministic one is far looser at N = 65536."""
+    rel = {}
+    rat = {}
+    for n in (64, 65536):
+        x, w, dy = inputs(rng, 4, n, np.float32)
+        got = pipeline_fp32(x, w, dy, 1e-6, np.float32)
+        ref = exact(x, w, dy, 1e-6)
+        rel[n] = float(np.max(np.abs(got[0] - ref[0]) / np.abs(ref[0]))) / 2.0**-24
+        rat[n] = (ratios(got, ref, np.float32, "probabilistic", 4)[0],
+                  ratios(got, ref, np.float32, "deterministic", 4)[0])
+    print("\nfp32 max rel error of y in units of u:", rel, "y ratios (prob, det):", rat)
+    assert rel[65536] > 4 * rel[64]
+    assert rat[65536][0] > 0.02                # probabilistic: not vacuous
+    assert rat[65536][1] < rat[65536][0] / 10  # deterministic: 10x+ looser at N = 65536
+
+
+def test_bound_catches_an_inaccurate_pipeline(rng):
+    """Rounding rstd to bfloat16 in a float32 pipeline must break the float32 bound."""
+    x, w, dy = inputs(rng, 8, 1024, np.float32)
+    ref = exact(x, w, dy, 1e-6)
+    xf = x.astype(np.float32)
+    rstd = (1 / np.sqrt(np.mean(xf.astype(np.float64) ** 2, axis=1, keepdims=True) + 1e-6))
+    y = (xf * rstd.astype(bfloat16).astype(np.float32) * w).astype(np.float32)
+    by = T.bound("y", out_dtype=np.float32, n=1024, y=ref[0])
+    assert np.max(np.abs(y - ref[0]) / by) > 10
+
+
+def test_relative_error_on_dx_is_the_wrong_measure(rng):
+    """dy = x̂/w makes dx = rstd·(w·dy − x̂·c) cancel: dx is ~eps-small while each term is O(rstd).
+    A correct fp32 pipeline then shows a relative error >= 100 % on dx, yet it is within the
+    cancellation-aware bound (the terms' size M_i), which a wrong dx still breaks."""
+    n = 1024
+    x = rng.standard_normal((4, n)).astype(np.float32)
+    w = (1 + 0.3 * rng.standard_normal(n)).astype(np.float32)
+    x64, w64 = x.astype(np.float64), w.astype(np.float64)
+    xhat = x64 / np.sqrt(np.mean(x64**2, axis=1, keepdims=True))
+    dy = (xhat / w64).astype(np.float32)
+    got = pipeline_fp32(x, w, dy, 1e-9, np.float32)
+    ref = exact(x, w, dy, 1e-9)
+    rel = np.abs(got[1] - ref[1]) / np.abs(ref[1])
+    assert np.max(rel) > 1.0                       # "100 % wrong" by relative error
+    assert np.max(np.abs(ref[1])) < 1e-3 * np.max(np.abs(dy))   # the exact dx has cancelled
+    assert ratios(got, ref, np.float32, "probabilistic", 4)[1] <= 1.0
+    # the bound is not vacuous here: dropping the projection term breaks it by far
+    wrong = ref[4] * dy.astype(np.float64) * w64
+    bdx = T.bound("dx", out_dtype=np.float32, n=n, dx=ref[1], dy=ref[5], xhat=ref[3],
+                  rstd=ref[4], weight=w64)
+    print(f"\ncancelling dx: max relative error {np.max(rel):.3g}, observed/bound "
+          f"{ratios(got, ref, np.float32, 'probabilistic', 4)[1]:.3g}")
+    assert np.max(np.abs(wrong - ref[1]) / bdx) > 1e3
+
+
+def test_bounds_hold_for_torch_up_to_65536(rng):
+    torch = pytest.importorskip("torch", reason="torch not installed: torch pipeline check")
+    from rmsref.adapters.torch import wrap
+
+    fwd, bwd = wrap(torch.nn.functional.rms_norm)
+    for dname, dt in DTS.items():
+        for n in (64, 65536):
+            x, w, dy = inputs(rng, 4, n, dt)
+            y = fwd(x, n, w, 1e-6)
+            dx, dw = bwd(dy, x, n, w, 1e-6)
+            r = ratios((y, dx, dw), exact(x, w, dy, 1e-6), dt, "probabilistic", 4)
+            assert max(r) <= 1.0, f"torch {dname} N={n}: {r}"
