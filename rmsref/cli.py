@@ -32,8 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "rmsref: the reference implementation of RMSNorm.\n\n"
             "A float64 NumPy oracle with analytic backward passes, fast kernels checked\n"
-            "against it,"
-            "gradient checks, executable identities, and a validator for other implementations.\n"
+            "against it, gradient checks, executable identities, and a validator for other\n"
+            "implementations (PyTorch, JAX, your own kernel).\n\n"
             "Start with `rmsref check`: the library verifies itself and prints what it measured."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
