@@ -322,7 +322,7 @@ def emulate(
     ----------
     name : str
         A key of :data:`CONVENTIONS` (``rmsref conventions`` lists them with their formulas).
-    x : array, shape (..., *normalized_shape)
+    x : array, shape ``(..., *normalized_shape)``
         Input in the dtype the system sees (float16, bfloat16, float32 or float64).
     weight : array or None
         Per-feature weight, in its own dtype (the dtype matters: see ``llama``, ``t5``).

@@ -24,8 +24,7 @@ derivative is ~1e-16 of its terms), no computation knows it better than rounding
 that such points do not raise false alarms; it is negligible wherever the scale has not
 collapsed. Comparisons whose scale leaves float64's normal range are skipped, never passed.
 
-Conventions
------------
+Conventions.
 ``forward(*inputs)`` returns an array (or a tuple of arrays). ``backward(dy, *inputs)`` returns a
 tuple with one entry per input: the gradient, or ``None``. ``dy`` has the structure of the
 forward's output (an array, or a tuple of arrays). ``jvp(inputs, tangents)`` takes two tuples
@@ -41,8 +40,7 @@ gradient for a differentiable input is read as "this input does not affect the o
 *checked*: the forward's derivative along that input must vanish. So a backward that forgets
 ``dweight`` fails, while a genuinely constant float array should be left out with ``wrt``.
 
-Evaluation counts (fast mode, the default)
-------------------------------------------
+Evaluation counts (fast mode, the default).
 With K differentiable inputs and D = ``n_directions`` (default 4):
 
 * forward: 1 real evaluation, plus 4 real + 1 complex for the holomorphy test (method "complex"),

@@ -506,16 +506,28 @@ def rms_norm_double_backward(
     L₂ = ⟨ddx, dx⟩ + ⟨ddweight, dweight⟩ + ⟨ddbias, dbias⟩, this returns ∂L₂/∂x, ∂L₂/∂weight and
     ∂L₂/∂dy (what autograd computes for a Hessian-vector product or a gradient penalty).
 
-    Per row, with r = rstd, g = dxhat = dy ⊙ (offset + w), c as in eq. (6), m_j = [j < K] and
+    Per row, with r = rstd, g = dxhat = dy ⊙ (offset + w), c as in eq. (6), m_j = [j < K] and::
+
         a = (1/K) Σ_j m_j·ddx_j·xhat_j,   P = Σ_j ddx_j·g_j,   Q = Σ_j ddweight_j·dy_j·xhat_j,
+
     L₂ per row is r·P − r³·A·B/K + Q (A = K·a/r, B = K·c/r), and differentiating it gives
-    (derivation in docs/derivation/rmsnorm.md):
+    (derivation in docs/derivation/rmsnorm.md)::
+
         (12) ∂L₂/∂dy_j = (offset + w_j) · r · (ddx_j − xhat_j·a) + ddweight_j·xhat_j + ddbias_j
         (13) ∂L₂/∂w_j  = Σ_rows dy_j · r · (ddx_j − xhat_j·a)
         (14) ∂L₂/∂x_l  = −r² m_l xhat_l (P + Q/r)/K + 3 r² m_l xhat_l a c
                          − r² (m_l ddx_l c + a g_l) + r ddweight_l dy_l
 
     Not overflow-safe (no row scaling): meant for moderate inputs, such as a gradient check.
+
+    Parameters
+    ----------
+    ddx : array_like
+        Cotangent of the backward's ``dx`` (shape of ``x``).
+    dy, x, normalized_shape, weight, eps, offset, partial
+        As in :func:`rms_norm_backward`.
+    ddweight, ddbias : array_like, optional
+        Cotangents of ``dweight`` and ``dbias`` (shape ``normalized_shape``); zero when omitted.
 
     Returns
     -------
