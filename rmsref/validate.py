@@ -722,6 +722,21 @@ def _diagnose_y(res, c, dt, n, y2, y_ref2, b, ratio, eps_val, w_eff, conv, diag,
             keep = (n // keep_b) * keep_b
             tries.append((f"tail_stat:{keep_b}", "", _alt_forward(x2, w_eff, eps_val, "tail_stat",
                                                                   keep=keep)))
+    # Rounding-order mistakes are last-bit effects: compare with the emulations bit for bit,
+    # first. A bit-exact match with the rival order (which uses the right eps) rules out the
+    # float64 alternatives below, whose loose explanations (a 1e-5 eps on a unit-scale row is
+    # within a rounding) would otherwise produce a false [default_eps] diagnosis.
+    if dt in (FLOAT_DTYPES["float16"], FLOAT_DTYPES["bfloat16"]):
+        rival = _ORDER_RIVALS.get(conv.name)
+        if rival is not None:
+            own = _match(y2, conv_mod.emulate(conv.name, c.x, c.weight, eps_val,
+                                              normalized_shape=c.shape), n)
+            alt = _match(y2, conv_mod.emulate(rival, c.x, c.weight, eps_val,
+                                              normalized_shape=c.shape), n)
+            if alt >= 0.9 and alt > own + 0.05:
+                code, text = _order_text(conv.name, rival, own, alt)
+                diag.add(code, text, where, res)
+                return
     best = None
     for code, text, alt in tries:
         r = _explains(alt, y2, b, ratio_ref, dt)
@@ -735,18 +750,6 @@ def _diagnose_y(res, c, dt, n, y2, y_ref2, b, ratio, eps_val, w_eff, conv, diag,
     if best is not None:
         diag.add(best[1], best[2], where, res)
         return
-    # Rounding-order mistakes are last-bit effects: compare with the emulations bit for bit.
-    if dt in (FLOAT_DTYPES["float16"], FLOAT_DTYPES["bfloat16"]):
-        rival = _ORDER_RIVALS.get(conv.name)
-        if rival is not None:
-            own = _match(y2, conv_mod.emulate(conv.name, c.x, c.weight, eps_val,
-                                              normalized_shape=c.shape), n)
-            alt = _match(y2, conv_mod.emulate(rival, c.x, c.weight, eps_val,
-                                              normalized_shape=c.shape), n)
-            if alt >= 0.9 and alt > own + 0.05:
-                code, text = _order_text(conv.name, rival, own, alt)
-                diag.add(code, text, where, res)
-                return
     blocks = _tail_blocks(np.unique(np.nonzero(ratio > 1.0)[1]), n)
     if blocks:
         diag.add_tail("tail", blocks, n, where, res)

@@ -1,0 +1,738 @@
+"""Check, then time, the numba_cuda RMSNorm kernels on a CUDA GPU (issue 6).
+
+    python bench/gpu_check.py [--quick] [--json PATH] [--budget SECONDS] [--no-torch]
+    python bench/gpu_check.py --simulate-tiny      # the same pipeline, tiny, in the simulator
+    python bench/gpu_check.py --compile-only       # PTX for sm_90 of every kernel, no GPU needed
+
+Order of work (STYLE §4: every variant is checked against the oracle at every launch
+configuration before anything is timed):
+
+1. Checks. For N in {512, 1024, 4096, 8192, 16384} and float32 / bfloat16, M = 2^24 / N rows
+   (--quick: 2^20): y, rstd, dx, dweight of every launch configuration against the float64 oracle
+   run on the same (already rounded) inputs, with the DESIGN §5 bounds of ``rmsref.tolerance``
+   (float32 accumulation, blocked reduction over T threads). Reported as worst observed/bound
+   ratio (pass: <= 1). Plus bias/offset and the fused residual add (both meanings) at N = 4096.
+2. Determinism: dweight (and dx) bitwise equal across two backward runs.
+3. Timings at M·N in {2^24, 2^26, 2^28} (--quick: 2^24, 2^26): forward and backward of the
+   automatic configuration (and the alternatives at the largest size), median of 3 batches of
+   CUDA-event-timed launches, as GB/s of compulsory traffic and as a fraction of the measured
+   device-to-device copy bandwidth (DESIGN §7 target: >= 70 % for M·N >= 2^26); and
+   ``torch.nn.functional.rms_norm`` (forward, and autograd backward) on the same device memory
+   when torch with CUDA is present. 64 rows of every timed shape are checked against the oracle.
+
+Prints a table and writes JSON (default bench/results/gpu_check.json). Exit status 0 when every
+check passes (timings are reported, not enforced), 1 otherwise, 3 when no GPU/toolchain is usable.
+Wall time on an H100/H200 is meant to stay under ~5 minutes (--quick ~1.5); ``--budget`` stops
+starting new timings past that many seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run from a checkout without installing
+    sys.path.insert(0, str(ROOT))
+
+import rmsref  # noqa: E402
+from rmsref import tolerance  # noqa: E402
+from rmsref._shapes import bfloat16, resolve_eps  # noqa: E402
+
+F32 = np.dtype(np.float32)
+DTYPES = {"fp32": F32, "bf16": bfloat16}
+
+
+# --------------------------------------------------------------------------------------------
+# Sizes
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Sizes:
+    ns: tuple[int, ...]
+    check_elems: int  # M·N of the full oracle comparison
+    time_elems: tuple[int, ...]  # M·N of the timed shapes
+    reps: int  # launches per timed batch
+    sample_rows: int = 64
+    tiny: bool = False
+
+    def rows(self, elems: int, n: int) -> int:
+        """M for N features: elems // N, or a few rows in the simulator."""
+        return 3 if self.tiny else max(1, elems // n)
+
+
+# The full oracle comparison runs at 2^22 elements (the float64 oracle on the host dominates the
+# check time); the timed shapes, up to 2^28, are checked on sampled rows.
+FULL = Sizes((512, 1024, 4096, 8192, 16384), 2**22, (2**24, 2**26, 2**28), 20)
+QUICK = Sizes((512, 4096, 16384), 2**20, (2**24, 2**26), 10)
+TINY = Sizes((33,), 3 * 33, (3 * 33,), 1, sample_rows=2, tiny=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Results
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Report:
+    device: dict = field(default_factory=dict)
+    copy_gbps: float | None = None
+    checks: list = field(default_factory=list)
+    determinism: list = field(default_factory=list)
+    timings: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+
+    def ok(self) -> bool:
+        return all(c["pass"] for c in self.checks) and all(d["pass"] for d in self.determinism)
+
+    def to_json(self) -> dict:
+        return {
+            "device": self.device,
+            "copy_GBps": self.copy_gbps,
+            "checks": self.checks,
+            "determinism": self.determinism,
+            "timings": self.timings,
+            "notes": self.notes,
+            "all_checks_pass": self.ok(),
+        }
+
+
+def _ratio(name: str, got: np.ndarray, exact: np.ndarray, bound: np.ndarray) -> dict:
+    got = np.asarray(got).astype(np.float64)
+    err = np.abs(got - exact)
+    ratio = err / np.maximum(bound, np.finfo(np.float64).tiny)
+    finite = bool(np.all(np.isfinite(got)))
+    worst = float(np.max(ratio)) if ratio.size else 0.0
+    return {"quantity": name, "max_ratio": worst, "pass": finite and worst <= 1.0}
+
+
+# --------------------------------------------------------------------------------------------
+# Device helpers
+# --------------------------------------------------------------------------------------------
+
+
+class Device:
+    """numba.cuda plus the few device utilities this script needs (data, timing, copy)."""
+
+    def __init__(self, k: Any) -> None:
+        from numba import cuda
+
+        self.cuda = cuda
+        self.k = k
+        self.sim = k.SIMULATOR
+        self._fill = {}
+
+    # -- data ----------------------------------------------------------------------------
+    def random(self, n_elems: int, dtype: np.dtype, seed: int, scale: float = 1.0) -> Any:
+        """A flat device array of ~N(0, scale²) values in ``dtype``'s storage (bits for bf16)."""
+        kind = self.k._KIND_OF_DTYPE[np.dtype(dtype)]
+        storage = self.k._STORAGE_OF_KIND[kind]
+        if self.sim:  # tiny: host RNG, then copy
+            v = np.random.default_rng(seed).standard_normal(n_elems) * scale
+            return self.cuda.to_device(v.astype(dtype).view(storage))
+        out = self.cuda.device_array(n_elems, storage)
+        self.fill_kernel(kind)[min(65535, max(1, (n_elems + 255) // 256)), 256](
+            out, np.uint64(seed), np.float32(scale))
+        return out
+
+    def fill_kernel(self, kind: int) -> Any:
+        if kind not in self._fill:
+            self._fill[kind] = _make_fill_kernel(self.cuda, self.k._STORE[kind])
+        return self._fill[kind]
+
+    # -- timing --------------------------------------------------------------------------
+    def time_ms(self, fn, reps: int, batches: int = 3) -> float:
+        """Median over ``batches`` of (time of ``reps`` back-to-back launches) / reps, in ms.
+
+        In the simulator (tiny mode) one untimed-quality run: the figure means nothing there.
+        """
+        if self.sim:
+            batches = 1
+        else:
+            fn()
+            self.cuda.synchronize()  # warm-up (and compile)
+        times = []
+        for _ in range(batches):
+            if self.sim:
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    fn()
+                times.append((time.perf_counter() - t0) * 1e3 / reps)
+                continue
+            start, end = self.cuda.event(), self.cuda.event()
+            start.record()
+            for _ in range(reps):
+                fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / reps)
+        return float(np.median(times))
+
+    def copy_gbps(self, n_bytes: int) -> float:
+        """Device-to-device copy bandwidth (bytes read + written per second), cuMemcpy DtoD."""
+        src = self.cuda.device_array(n_bytes // 4, np.float32)
+        dst = self.cuda.device_array(n_bytes // 4, np.float32)
+        ms = self.time_ms(lambda: dst.copy_to_device(src), reps=10)
+        return 2 * n_bytes / (ms * 1e-3) / 1e9
+
+
+def _make_fill_kernel(cuda: Any, store: Any) -> Any:
+    """Counter-based pseudo-normal fill (splitmix64 hash + Box-Muller): fast, no host data."""
+
+    @cuda.jit
+    def fill(out, seed, scale):
+        i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        stride = cuda.gridDim.x * cuda.blockDim.x
+        while i < out.shape[0]:
+            z = np.uint64(i) * np.uint64(0x9E3779B97F4A7C15) + seed
+            z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+            z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+            z = z ^ (z >> np.uint64(31))
+            u1 = (np.float32(z >> np.uint64(40)) + np.float32(0.5)) * np.float32(2.0**-24)
+            u2 = np.float32((z >> np.uint64(16)) & np.uint64(0xFFFFFF)) * np.float32(2.0**-24)
+            g = math.sqrt(np.float32(-2.0) * math.log(u1)) * math.cos(np.float32(6.2831855) * u2)
+            out[i] = store(g * scale)
+            i += stride
+
+    return fill
+
+
+def _host(dev: Any, dtype: np.dtype) -> np.ndarray:
+    return dev.copy_to_host().view(dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Launch configurations
+# --------------------------------------------------------------------------------------------
+
+
+def configurations(k: Any, n: int, tiny: bool) -> list:
+    """Every launch configuration worth checking at N: automatic, then forced alternatives."""
+    if tiny:
+        return [k.Launch(threads=32, variant="block", dw_blocks=2)]
+    out = [k.Launch()]
+    out.append(k.Launch(variant="block"))  # automatic T, block variant (auto may be warp)
+    out.append(k.Launch(variant="block", threads=128))  # many elements per thread at large N
+    if n <= k.WARP_ROW_LIMIT:
+        out.append(k.Launch(variant="warp", threads=64))
+    seen, unique = set(), []
+    for lc in out:
+        key = (k.plan_forward(n, 4096, lc), k.plan_backward(n, 4096, lc))
+        if key not in seen:
+            seen.add(key)
+            unique.append(lc)
+    return unique
+
+
+def _label(k: Any, lc: Any, n: int, m: int) -> dict:
+    pf, pb = k.plan_forward(n, m, lc), k.plan_backward(n, m, lc)
+    return {"variant": pf.variant, "threads": pf.threads, "bwd_threads": pb.threads,
+            "dw_blocks": pb.blocks}
+
+
+# --------------------------------------------------------------------------------------------
+# 1. checks against the oracle
+# --------------------------------------------------------------------------------------------
+
+
+def _model(dtype: np.dtype, n: int, rows: int, block: int) -> dict:
+    return {"out_dtype": dtype, "n": n, "rows": rows, "acc_dtype": F32, "reduction": "blocked",
+            "block": block}
+
+
+def check_shape(dev: Device, rep: Report, n: int, m: int, dtype: np.dtype, dname: str,
+                x_d: Any, dy_d: Any, w_d: Any, configs: list) -> None:
+    """All configurations at one (N, M, dtype): y, rstd, dx, dweight vs the float64 oracle."""
+    k = dev.k
+    x, dy = _host(_rows(x_d, m, n), dtype), _host(_rows(dy_d, m, n), dtype)
+    w = _host(w_d, dtype)
+    eps = resolve_eps(None, dtype)
+    x64, dy64, w64 = x.astype(np.float64), dy.astype(np.float64), w.astype(np.float64)
+    y_ex, rstd_ex = rmsref.rms_norm_forward(x64, n, w64, eps)
+    g_ex = rmsref.rms_norm_backward(dy64, x64, n, w64, eps)
+    xhat = x64 * rstd_ex
+    for lc in configs:
+        label = {"N": n, "M": m, "dtype": dname, **_label(k, lc, n, m)}
+        y, rstd = k.rms_norm_forward(_rows(x_d, m, n), n, w_d, launch=lc)
+        y, rstd_h = _host(y, dtype).reshape(m, n), rstd.copy_to_host().reshape(m, 1)
+        t = k.plan_forward(n, m, lc).threads if k.plan_forward(n, m, lc).variant == "block" else 32
+        by = tolerance.bound("y", y=y_ex, **_model(dtype, n, m, t))
+        rho = tolerance.ErrorModel(dtype, n, m, F32, 1, "blocked", t).rho
+        for r in (_ratio("y", y, y_ex, by),
+                  _ratio("rstd", rstd_h, rstd_ex, (rho + 2.0**-24) * rstd_ex)):
+            rep.checks.append({**label, "kernel": "forward", **r})
+        # the automatic configuration recomputes rstd in the backward; the others take the
+        # forward's (as training does, and as the timed backward does)
+        saved = None if lc == configs[0] else rstd
+        g = k.rms_norm_backward(_rows(dy_d, m, n), _rows(x_d, m, n), n, w_d, rstd=saved,
+                                launch=lc)
+        tb = k.plan_backward(n, m, lc).threads
+        bdx = tolerance.bound("dx", dx=g_ex.dx, dy=dy64, xhat=xhat, rstd=rstd_ex, weight=w64,
+                              **_model(dtype, n, m, tb))
+        bdw = tolerance.bound("dweight", dweight=g_ex.dweight, dy=dy64, xhat=xhat,
+                              **{**_model(dtype, n, m, tb), "reduction": "sequential"})
+        for r in (_ratio("dx", _host(g.dx, dtype).reshape(m, n), g_ex.dx, bdx),
+                  _ratio("dweight", _host(g.dweight, dtype), g_ex.dweight, bdw)):
+            rep.checks.append({**label, "kernel": "backward", **r})
+
+
+def _rows(flat: Any, m: int, n: int) -> Any:
+    """The first M·N elements of a flat device buffer as (M, N) rows (a view, no copy)."""
+    return flat[: m * n].reshape(m, n)
+
+
+def check_extras(dev: Device, rep: Report, n: int, m: int, dtype: np.dtype, dname: str,
+                 seed: int, lc: Any) -> None:
+    """bias + offset (Gemma-style weight), and the fused residual add in both meanings."""
+    k = dev.k
+    x_d, dy_d, r_d = (dev.random(m * n, dtype, seed + i) for i in range(3))
+    w_d = dev.random(n, dtype, seed + 3, 0.3)
+    b_d = dev.random(n, dtype, seed + 4, 0.3)
+    x, dy, res = (_host(a, dtype).reshape(m, n).astype(np.float64) for a in (x_d, dy_d, r_d))
+    w, b = _host(w_d, dtype).astype(np.float64), _host(b_d, dtype).astype(np.float64)
+    eps = resolve_eps(None, dtype)
+    t = k.plan_backward(n, m, lc).threads
+    pf = k.plan_forward(n, m, lc)
+    base = {"N": n, "M": m, "dtype": dname, "variant": pf.variant, "threads": pf.threads}
+    tf = pf.threads if pf.variant == "block" else 32
+
+    y, _ = k.rms_norm_forward(_rows(x_d, m, n), n, w_d, bias=b_d, offset=1.0, launch=lc)
+    y_ex, rstd_ex = rmsref.rms_norm_forward(x, n, w, eps, bias=b, offset=1.0)
+    model = tolerance.ErrorModel(dtype, n, m, F32, 1, "blocked", tf)
+    mag = np.abs(y_ex - b) + np.abs(b)  # y = x̂·w + b may cancel: errors scale with the terms
+    bound = model.k_out * model.u_out * np.abs(y_ex) + (0.5 * model.gamma(n) + 5 * model.u_acc) \
+        * mag + model.atol
+    rep.checks.append({**base, "kernel": "forward+bias+offset",
+                       **_ratio("y", _host(y, dtype).reshape(m, n), y_ex, bound)})
+    g = k.rms_norm_backward(_rows(dy_d, m, n), _rows(x_d, m, n), n, w_d, bias=b_d, offset=1.0,
+                            launch=lc)
+    g_ex = rmsref.rms_norm_backward(dy, x, n, w, eps, bias=b, offset=1.0)
+    xhat = x * rstd_ex
+    bdx = tolerance.bound("dx", dx=g_ex.dx, dy=dy, xhat=xhat, rstd=rstd_ex, weight=1.0 + w,
+                          **_model(dtype, n, m, t))
+    bdb = tolerance.bound("dweight", dweight=g_ex.dbias, dy=dy, xhat=np.ones_like(dy),
+                          **{**_model(dtype, n, m, t), "reduction": "sequential"})
+    for r in (_ratio("dx", _host(g.dx, dtype).reshape(m, n), g_ex.dx, bdx),
+              _ratio("dbias", _host(g.dbias, dtype), g_ex.dbias, bdb)):
+        rep.checks.append({**base, "kernel": "backward+bias+offset", **r})
+
+    for rounding in ("fp32-sum", "rounded-sum"):
+        y, new_res, rstd = k.add_rms_norm_forward(_rows(x_d, m, n), _rows(r_d, m, n), n, w_d,
+                                                  rounding=rounding, launch=lc)
+        h = x + res
+        if rounding == "rounded-sum":
+            h = rmsref.add_rms_norm_forward(x.astype(dtype), res.astype(dtype), n, None, eps,
+                                            rounding=rounding)[1].astype(np.float64)
+        y_ex, rstd_ex = rmsref.rms_norm_forward(h, n, w, eps)
+        by = tolerance.bound("y", y=y_ex, **_model(dtype, n, m, tf))
+        u = tolerance.unit_roundoff(dtype)
+        rep.checks.append({**base, "kernel": f"add_rms_norm {rounding}",
+                           **_ratio("y", _host(y, dtype).reshape(m, n), y_ex, by)})
+        rep.checks.append({**base, "kernel": f"add_rms_norm {rounding}",
+                           **_ratio("new_residual", _host(new_res, dtype).reshape(m, n), h,
+                                    2 * u * np.abs(h) + tolerance.underflow_atol(dtype))})
+        g = k.add_rms_norm_backward(_rows(dy_d, m, n), _rows(dy_d, m, n), _rows(x_d, m, n),
+                                    _rows(r_d, m, n), n, w_d, rounding=rounding, rstd=rstd,
+                                    launch=lc)
+        r64 = rstd.copy_to_host().astype(np.float64).reshape(m, 1)
+        gn = rmsref.rms_norm_backward(dy, h, n, w, eps, rstd=r64)
+        dh = gn.dx + dy
+        bdx = tolerance.bound("dx", dx=dh, dy=dy, xhat=h * r64, rstd=r64, weight=w,
+                              **_model(dtype, n, m, t)) + 2.0**-23 * (np.abs(gn.dx) + np.abs(dh))
+        rep.checks.append({**base, "kernel": f"add_rms_norm_backward {rounding}",
+                           **_ratio("dx", _host(g.dx, dtype).reshape(m, n), dh, bdx)})
+        rep.checks.append({**base, "kernel": f"add_rms_norm_backward {rounding}",
+                           **_ratio("dresidual", _host(g.dresidual, dtype).reshape(m, n), dh,
+                                    bdx)})
+
+
+def check_determinism(dev: Device, rep: Report, n: int, m: int, dname: str, x_d: Any,
+                      dy_d: Any, w_d: Any, lc: Any) -> None:
+    k = dev.k
+    runs = [k.rms_norm_backward(_rows(dy_d, m, n), _rows(x_d, m, n), n, w_d, launch=lc)
+            for _ in range(2)]
+    same_dw = runs[0].dweight.copy_to_host().tobytes() == runs[1].dweight.copy_to_host().tobytes()
+    same_dx = runs[0].dx.copy_to_host().tobytes() == runs[1].dx.copy_to_host().tobytes()
+    rep.determinism.append({"N": n, "M": m, "dtype": dname, **_label(k, lc, n, m),
+                            "dweight_bitwise_equal": same_dw, "dx_bitwise_equal": same_dx,
+                            "pass": same_dw and same_dx})
+
+
+def check_sampled_rows(dev: Device, rep: Report, n: int, m: int, dtype: np.dtype, dname: str,
+                       x: Any, dy: Any, w_d: Any, y: Any, dx: Any, lc: Any,
+                       rows: int) -> None:
+    """At a timed size: the oracle on ``rows`` evenly spaced rows (rows are independent)."""
+    k = dev.k
+    idx = np.unique(np.linspace(0, m - 1, min(rows, m)).astype(np.int64))
+    host = {name: np.stack([_host(a[i], dtype) for i in idx]).astype(np.float64)
+            for name, a in (("x", x), ("dy", dy), ("y", y), ("dx", dx))}
+    w = _host(w_d, dtype).astype(np.float64)
+    eps = resolve_eps(None, dtype)
+    y_ex, rstd_ex = rmsref.rms_norm_forward(host["x"], n, w, eps)
+    g_ex = rmsref.rms_norm_backward(host["dy"], host["x"], n, w, eps)
+    pf, pb = k.plan_forward(n, m, lc), k.plan_backward(n, m, lc)
+    t = pf.threads if pf.variant == "block" else 32
+    label = {"N": n, "M": m, "dtype": dname, **_label(k, lc, n, m), "sampled_rows": len(idx)}
+    by = tolerance.bound("y", y=y_ex, **_model(dtype, n, m, t))
+    bdx = tolerance.bound("dx", dx=g_ex.dx, dy=host["dy"], xhat=host["x"] * rstd_ex,
+                          rstd=rstd_ex, weight=w, **_model(dtype, n, m, pb.threads))
+    rep.checks.append({**label, "kernel": "forward (timed shape)",
+                       **_ratio("y", host["y"], y_ex, by)})
+    rep.checks.append({**label, "kernel": "backward (timed shape)",
+                       **_ratio("dx", host["dx"], g_ex.dx, bdx)})
+
+
+# --------------------------------------------------------------------------------------------
+# 3. timings
+# --------------------------------------------------------------------------------------------
+
+
+def _torch_cuda() -> Any:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch if torch.cuda.is_available() else None
+
+
+def _as_torch(torch: Any, dev_arr: Any, dtype: np.dtype) -> Any:
+    if dtype == bfloat16:
+        return torch.as_tensor(dev_arr.view(np.int16), device="cuda").view(torch.bfloat16)
+    return torch.as_tensor(dev_arr, device="cuda")
+
+
+def time_shape(dev: Device, rep: Report, n: int, m: int, dtype: np.dtype, dname: str,
+               x: Any, dy: Any, w_d: Any, lc: Any, sizes: Sizes, torch: Any) -> None:
+    k = dev.k
+    fwd = k.prepare_forward(x, n, w_d, launch=lc)
+    t_f = dev.time_ms(fwd.run, sizes.reps)
+    rstd = fwd.outputs["rstd"]
+    bwd = k.prepare_backward(dy, x, n, w_d, rstd=rstd, launch=lc)
+    t_b = dev.time_ms(bwd.run, sizes.reps)
+    row = {"N": n, "M": m, "elems": m * n, "dtype": dname, **_label(k, lc, n, m),
+           "fwd_ms": t_f, "fwd_GBps": fwd.bytes_moved / (t_f * 1e-3) / 1e9,
+           "bwd_ms": t_b, "bwd_GBps": bwd.bytes_moved / (t_b * 1e-3) / 1e9}
+    if rep.copy_gbps:
+        row["fwd_frac_copy"] = row["fwd_GBps"] / rep.copy_gbps
+        row["bwd_frac_copy"] = row["bwd_GBps"] / rep.copy_gbps
+    if torch is not None:
+        import torch.nn.functional as F
+
+        xt, dyt, wt = _as_torch(torch, x, dtype), _as_torch(torch, dy, dtype), \
+            _as_torch(torch, w_d, dtype)
+        eps = resolve_eps(None, dtype)
+        row["torch_fwd_ms"] = dev.time_ms(lambda: F.rms_norm(xt, (n,), wt, eps), sizes.reps)
+        xg, wg = xt.detach().requires_grad_(), wt.detach().requires_grad_()
+        yt = F.rms_norm(xg, (n,), wg, eps)
+        row["torch_bwd_ms"] = dev.time_ms(
+            lambda: torch.autograd.grad(yt, (xg, wg), dyt, retain_graph=True), sizes.reps)
+        row["speedup_fwd_vs_torch"] = row["torch_fwd_ms"] / t_f
+        row["speedup_bwd_vs_torch"] = row["torch_bwd_ms"] / t_b
+    rep.timings.append(row)
+    check_sampled_rows(dev, rep, n, m, dtype, dname, x, dy, w_d, fwd.outputs["y"],
+                       bwd.outputs["dx"], lc, sizes.sample_rows)
+
+
+# --------------------------------------------------------------------------------------------
+# Table
+# --------------------------------------------------------------------------------------------
+
+
+def _pct(row: dict, key: str) -> str:
+    return f"{100 * row[key]:6.0f}" if key in row else f"{'-':>6}"
+
+
+def print_table(rep: Report) -> None:
+    print(f"\ndevice: {rep.device}")
+    if rep.copy_gbps:
+        print(f"measured device copy bandwidth: {rep.copy_gbps:.0f} GB/s (read + write)")
+    print("\nchecks vs float64 oracle (worst observed/bound; pass <= 1)")
+    print(f"{'N':>6} {'M':>8} {'dtype':>5} {'variant':>7} {'T':>5} {'kernel':<34} "
+          f"{'quantity':<13} {'ratio':>9}  ok")
+    for c in rep.checks:
+        print(f"{c['N']:>6} {c['M']:>8} {c['dtype']:>5} {c['variant']:>7} {c['threads']:>5} "
+              f"{c['kernel']:<34} {c['quantity']:<13} {c['max_ratio']:>9.3g}  "
+              f"{'ok' if c['pass'] else 'FAIL'}")
+    print("\ndeterminism (two backward runs)")
+    for d in rep.determinism:
+        print(f"  N={d['N']} M={d['M']} {d['dtype']} T={d['bwd_threads']} G={d['dw_blocks']}: "
+              f"dweight {'same bits' if d['dweight_bitwise_equal'] else 'DIFFERS'}, "
+              f"dx {'same bits' if d['dx_bitwise_equal'] else 'DIFFERS'}")
+    if rep.timings:
+        print("\ntimings (median of 3 batches; GB/s of compulsory traffic)")
+        print(f"{'N':>6} {'M':>8} {'dtype':>5} {'variant':>7} {'T':>5} {'fwd ms':>8} "
+              f"{'GB/s':>6} {'%copy':>6} {'bwd ms':>8} {'GB/s':>6} {'%copy':>6} "
+              f"{'torch f':>8} {'torch b':>8}")
+        for t in rep.timings:
+            tf = f"{t['torch_fwd_ms']:8.3f}" if "torch_fwd_ms" in t else f"{'-':>8}"
+            tb = f"{t['torch_bwd_ms']:8.3f}" if "torch_bwd_ms" in t else f"{'-':>8}"
+            print(f"{t['N']:>6} {t['M']:>8} {t['dtype']:>5} {t['variant']:>7} {t['threads']:>5} "
+                  f"{t['fwd_ms']:8.3f} {t['fwd_GBps']:6.0f} {_pct(t, 'fwd_frac_copy')} "
+                  f"{t['bwd_ms']:8.3f} {t['bwd_GBps']:6.0f} {_pct(t, 'bwd_frac_copy')} {tf} {tb}")
+    for note in rep.notes:
+        print(f"note: {note}")
+
+
+# --------------------------------------------------------------------------------------------
+# --compile-only: PTX for every kernel specialisation, without a GPU
+# --------------------------------------------------------------------------------------------
+
+
+def _allow_compile_without_driver(cc: tuple[int, int]) -> str | None:
+    """Let numba-cuda compile to PTX where there is no driver and no NVRTC (only libNVVM).
+
+    numba-cuda asks the driver for the current device's compute capability and NVRTC for the
+    supported architectures even when only PTX is wanted; here both are answered with ``cc``,
+    and libdevice is found next to libNVVM. Returns None, or why compiling is impossible.
+    """
+    os.environ.setdefault("NUMBA_FORCE_CUDA_CC", f"{cc[0]}.{cc[1]}")
+    from numba.cuda import dispatcher
+    from numba.cuda.cudadrv import libs, nvvm
+
+    try:
+        libs.get_libdevice()
+        found = True
+    except Exception:  # noqa: BLE001 - NVRTC or CUDA paths missing
+        found = False
+    if not found:
+        home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+        path = Path(home) / "nvvm" / "libdevice" / "libdevice.10.bc"
+        if not path.exists():
+            return f"libdevice not found (looked in {path}); install the CUDA toolkit's NVVM"
+        data = path.read_bytes()
+        libs.get_libdevice = nvvm.get_libdevice = lambda: str(path)
+        libs.open_libdevice = nvvm.open_libdevice = lambda: data
+
+    try:
+        nvvm.NVVM()  # loads libNVVM
+    except Exception as exc:  # noqa: BLE001
+        return f"libNVVM cannot be loaded ({str(exc).splitlines()[0]})"
+
+    class _Dev:
+        compute_capability = cc
+
+    try:
+        from numba import cuda
+
+        has_gpu = cuda.is_available()
+    except Exception:  # noqa: BLE001
+        has_gpu = False
+    if not has_gpu:
+        dispatcher.get_current_device = lambda: _Dev()
+    return None
+
+
+def compile_only(quick: bool) -> int:
+    from numba import cuda, types
+
+    cc = (9, 0)
+    why = _allow_compile_without_driver(cc)
+    if why:
+        print(f"cannot compile: {why}")
+        return 3
+    from rmsref.kernels import numba_cuda as k
+
+    def arr(kind: int, nd: int) -> Any:
+        return types.Array(types.float32 if kind == k.F32 else types.uint16, nd, "C")
+
+    f32, i64 = types.float32, types.int64
+    # --quick: one specialisation per kernel (bfloat16, every option on), as a smoke test
+    kinds = (k.BF16,) if quick else (k.F32, k.F16, k.BF16)
+    jobs = []
+    for kx in kinds:
+        variants = (("block", 256), ("warp", 256))
+        fwd_opts = [(True, True, True, True)]
+        if not quick:
+            fwd_opts += [(False, False, False, False), (True, False, False, False),
+                         (True, True, True, False)]
+        for (variant, t), (hw, hb, hr, rnd) in ((v, o) for v in variants for o in fwd_opts):
+            kw, kb, kr = (kx if hw else k.F32), (kx if hb else k.F32), (kx if hr else k.F32)
+            kern = k._forward_kernel(variant, t, kx, kr, kw, kb, kx, kr, hw, hb, hr, rnd)
+            sig = (arr(kx, 2), arr(kr, 2), arr(kw, 1), arr(kb, 1), arr(kx, 2), arr(kr, 2),
+                   types.Array(f32, 1, "C"), i64, i64, f32, f32, f32)
+            jobs.append((f"forward {variant} kind={kx} w={hw} b={hb} r={hr}", kern, sig,
+                         "shfl.sync.bfly" if variant == "warp" else None))
+        bwd_opts = [(True, True, True, True, True, False)]
+        if not quick:
+            bwd_opts += [(False, False, False, False, False, False),
+                         (True, False, False, False, False, True)]
+        for hw, hb, hr, hdro, rnd, hrs in bwd_opts:
+            kw, kr, kdro = (kx if hw else k.F32), (kx if hr else k.F32), (kx if hdro else k.F32)
+            kern = k._backward_kernel(1024, 16, kx, kr, kw, kx, kdro, kx, kr, hw, hb, hr, hdro,
+                                      rnd, hrs)
+            sig = (arr(kx, 2), arr(kx, 2), arr(kr, 2), arr(kw, 1), arr(kdro, 2),
+                   types.Array(f32, 1, "C"), arr(kx, 2), arr(kr, 2), types.Array(f32, 2, "C"),
+                   types.Array(f32, 2, "C"), i64, i64, i64, f32, f32, f32)
+            jobs.append((f"backward kind={kx} w={hw} b={hb} r={hr}", kern, sig, None))
+        if not quick:
+            jobs.append((f"column_sum kind={kx}", k._column_sum_kernel(kx),
+                         (types.Array(f32, 2, "C"), arr(kx, 1), i64), None))
+        jobs.append((f"fill kind={kx}", _make_fill_kernel(cuda, k._STORE[kx]),
+                     (arr(kx, 1), types.uint64, f32), None))
+    t0 = time.perf_counter()
+    failures = 0
+    for name, kern, sig, must in jobs:
+        try:
+            ptx, _ = cuda.compile_ptx(kern.py_func, sig, cc=cc)
+        except Exception as exc:  # noqa: BLE001 - report every failing kernel, then fail
+            failures += 1
+            print(f"FAIL {name}: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+            continue
+        problems = []
+        if "atom." in ptx:
+            problems.append("uses atomics")
+        if must and must not in ptx:
+            problems.append(f"missing {must}")
+        if problems:
+            failures += 1
+        print(f"{'FAIL' if problems else 'ok  '} {name} ({len(ptx)} chars of PTX) "
+              f"{'; '.join(problems)}")
+    print(f"compiled {len(jobs) - failures}/{len(jobs)} kernels to PTX for sm_{cc[0]}{cc[1]} "
+          f"in {time.perf_counter() - t0:.1f} s")
+    return 1 if failures else 0
+
+
+# --------------------------------------------------------------------------------------------
+# main
+# --------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="fewer N, smaller sizes (~1.5 min)")
+    p.add_argument("--simulate-tiny", action="store_true",
+                   help="run the pipeline on tiny shapes in Numba's CUDA simulator (for tests)")
+    p.add_argument("--compile-only", action="store_true",
+                   help="compile every kernel to PTX (sm_90); needs libNVVM, not a GPU")
+    p.add_argument("--json", default=str(ROOT / "bench" / "results" / "gpu_check.json"))
+    p.add_argument("--budget", type=float, default=270.0,
+                   help="seconds after which no new timing is started (default 270)")
+    p.add_argument("--no-torch", action="store_true", help="skip the torch comparison")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.simulate_tiny:
+        if "numba" in sys.modules and os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
+            print("--simulate-tiny: numba was imported without NUMBA_ENABLE_CUDASIM=1; run in a "
+                  "fresh process")
+            return 3
+        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+    if args.compile_only:
+        return compile_only(args.quick)
+    reason = rmsref.backends.why_unavailable("numba_cuda")
+    if reason is not None:
+        print(f"numba_cuda backend unavailable: {reason}")
+        return 3
+    k = rmsref.backend("numba_cuda")
+    if k.SIMULATOR and not args.simulate_tiny:
+        print("the simulator is on (NUMBA_ENABLE_CUDASIM=1): use --simulate-tiny, or unset it "
+              "on a GPU machine")
+        return 3
+    sizes = TINY if args.simulate_tiny else (QUICK if args.quick else FULL)
+    t_start = time.perf_counter()
+    dev = Device(k)
+    rep = Report()
+    rep.device = _device_info(dev)
+    torch = None if (args.no_torch or sizes.tiny) else _torch_cuda()
+    if sizes.tiny:
+        rep.notes.append("simulator (--simulate-tiny): the pipeline ran, timings mean nothing")
+    if torch is None and not sizes.tiny and not args.no_torch:
+        rep.notes.append("torch with CUDA not available: no torch comparison")
+
+    if not sizes.tiny:
+        rep.copy_gbps = dev.copy_gbps(2**30 if not args.quick else 2**28)
+    # One flat buffer per operand and dtype, sized for the largest shape; every (M, N) is a view.
+    n_extra = 4096 if not sizes.tiny else sizes.ns[-1]
+    check_need = max(sizes.rows(sizes.check_elems, n) * n for n in (*sizes.ns, n_extra))
+    biggest = max(sizes.rows(e, n) * n for e in sizes.time_elems for n in sizes.ns)
+    for di, (dname, dtype) in enumerate(DTYPES.items()):
+        seed = 1000 * (di + 1)
+        x_d = dev.random(check_need, dtype, seed)
+        dy_d = dev.random(check_need, dtype, seed + 1)
+        for n in sizes.ns:
+            w_d = dev.random(n, dtype, seed + 2 + n, 0.5)
+            m = sizes.rows(sizes.check_elems, n)
+            configs = configurations(k, n, sizes.tiny)
+            check_shape(dev, rep, n, m, dtype, dname, x_d, dy_d, w_d, configs)
+            check_determinism(dev, rep, n, m, dname, x_d, dy_d, w_d, configs[0])
+            _progress(t_start, f"checked N={n} {dname} ({len(configs)} configurations)")
+        check_extras(dev, rep, n_extra, sizes.rows(sizes.check_elems, n_extra), dtype, dname,
+                     seed + 7, configurations(k, n_extra, sizes.tiny)[0])
+        _progress(t_start, f"checked bias/offset/residual {dname}")
+
+    # timings: only once every check above has been made
+    for dname, dtype in DTYPES.items():
+        x_d = dev.random(biggest, dtype, 77)
+        dy_d = dev.random(biggest, dtype, 78)
+        for n in sizes.ns:
+            w_d = dev.random(n, dtype, 79, 0.5)
+            for elems in sizes.time_elems:
+                m = sizes.rows(elems, n)
+                largest = elems == max(sizes.time_elems) and not sizes.tiny
+                configs = configurations(k, n, sizes.tiny) if largest else [
+                    configurations(k, n, sizes.tiny)[0]]
+                for lc in configs:
+                    if time.perf_counter() - t_start > args.budget:
+                        rep.notes.append(f"budget of {args.budget:.0f} s reached: timings "
+                                         f"from N={n} M={m} {dname} on were skipped")
+                        break
+                    time_shape(dev, rep, n, m, dtype, dname, _rows(x_d, m, n),
+                               _rows(dy_d, m, n), w_d, lc, sizes, torch)
+                    if largest:
+                        check_determinism(dev, rep, n, m, dname, x_d, dy_d, w_d, lc)
+            _progress(t_start, f"timed N={n} {dname}")
+    _summarise_target(rep)
+    rep.notes.append(f"wall time {time.perf_counter() - t_start:.0f} s")
+    print_table(rep)
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(rep.to_json(), indent=1, default=float) + "\n")
+    print(f"\nwrote {out}; all checks {'pass' if rep.ok() else 'DO NOT pass'}")
+    return 0 if rep.ok() else 1
+
+
+def _device_info(dev: Device) -> dict:
+    info = {"simulator": dev.sim, "python": platform.python_version(), "numpy": np.__version__}
+    try:
+        import numba_cuda
+
+        info["numba_cuda"] = getattr(numba_cuda, "__version__", "?")
+    except ImportError:
+        pass
+    if not dev.sim:
+        d = dev.cuda.get_current_device()
+        name = d.name.decode() if isinstance(d.name, bytes) else str(d.name)
+        info.update(name=name, compute_capability=list(d.compute_capability),
+                    multiprocessors=int(d.MULTIPROCESSOR_COUNT))
+    return info
+
+
+def _summarise_target(rep: Report) -> None:
+    """DESIGN §7: >= 70 % of copy bandwidth for M·N >= 2^26 (automatic configuration)."""
+    rows = [t for t in rep.timings if t["elems"] >= 2**26 and "fwd_frac_copy" in t]
+    if not rows:
+        return
+    worst = min(min(t["fwd_frac_copy"], t["bwd_frac_copy"]) for t in rows)
+    rep.notes.append(f"worst fraction of copy bandwidth at M·N >= 2^26: {100 * worst:.0f} % "
+                     f"(target 70 %: {'met' if worst >= 0.7 else 'NOT met'})")
+
+
+def _progress(t0: float, what: str) -> None:
+    print(f"[{time.perf_counter() - t0:6.1f} s] {what}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1241 @@
+r"""RMSNorm on a CUDA GPU with ``numba.cuda`` (the numba-cuda package); also runs in the simulator.
+
+Same function names and signatures as the oracle (:mod:`rmsref.rmsnorm`), plus a keyword-only
+``launch=`` to force a launch configuration. Inputs are float32, float16 or bfloat16; sums run in
+float32 (as every production GPU kernel does); ``y`` is rounded once to the output dtype; ``rstd``
+is saved in float32. Half-precision data is read and written as uint16 bit patterns and converted in
+registers (:mod:`rmsref.kernels._halfbits_cuda`), because Numba has no bfloat16 arrays.
+
+Math (one row of N features, K = N or floor(N·p) for ``partial=p``, weight used as offset + w):
+
+    (1) ms = (1/K) Σ_{j<K} h_j²      (2) rstd = 1/sqrt(ms + eps)      (3) xhat = h·rstd
+    (4) y = xhat·(offset + w) + b
+    (5) dxhat = dy·(offset + w)      (6) c = (1/K) Σ_j dxhat_j·xhat_j
+    (7) dx = rstd·(dxhat − [j<K]·xhat·c)     (8) dweight = Σ_rows dy·xhat     (9) dbias = Σ_rows dy
+
+with h = x, or h = x + residual for the fused residual add ("fp32-sum": the float32 sum;
+"rounded-sum": that sum rounded to x's dtype first).
+
+Variants (llm.c style: each line says what changed from the previous one)
+--------------------------------------------------------------------------
+forward ``block``  one block of T threads per row. Pass 1: thread t sums h_j² for j = t, t+T, …
+                   in a float32 register; the T partial sums meet in a shared-memory tree
+                   (log2 T halving steps, ``syncthreads`` between them) — no warp primitives, so
+                   it runs in the simulator. Pass 2 re-reads the row (from L1/L2) and writes y.
+forward ``warp``   as ``block``, but one 32-lane warp per row and T/32 rows per block; the sum is
+                   a butterfly of ``shfl_xor_sync`` (no shared memory, no block barrier). For
+                   N ≤ 1024, where a block per row would leave most threads idle. The simulator
+                   has no warp shuffles: there the same butterfly exchanges values through
+                   shared memory (same additions, same order), so the variant's indexing is
+                   tested there and the shuffle itself only on a GPU.
+backward ``block`` G blocks stride over the rows (block b takes rows b, b+G, …). Per row, one pass
+                   computes Σ h² (unless rstd is given) and Σ dxhat·h together (two shared-memory
+                   trees), a second pass writes dx and adds dy·xhat (and dy) into per-thread
+                   float32 accumulators for the columns that thread owns (j = t + i·T,
+                   i < C = ceil(N/T)). At the end each block writes its accumulators as one
+                   float32 *partial row* (G, N).
+dweight stage 2    one thread per column sums the G partial rows in order b = 0, 1, …, G-1 and
+                   rounds once to the weight's dtype. No atomics: every addition happens in a
+                   fixed order, so dweight/dbias are the same bits on every run with the same
+                   (M, N, T, G) — on any GPU, and in the simulator.
+
+Launch configuration (chosen from N, see :func:`plan_forward` / :func:`plan_backward`)
+-------------------------------------------------------------------------------------
+* forward variant: ``warp`` when N ≤ 1024, else ``block`` (the same in the simulator). A warp
+  per row keeps every lane busy for short rows (a 1024-thread block on N = 512 would idle half
+  its threads and pay 10 barriers per row); past 1024 a warp would loop ≥ 32 times per lane and
+  a block is better.
+* threads per block, ``block`` variants: T = next power of two ≥ N/8, clamped to [32, 1024]. Each
+  thread then handles ~8 elements per pass: enough independent loads in flight to cover memory
+  latency, and the log2 T-step tree is a small part of the row's time. N = 4096 → 512,
+  N ≥ 8192 → 1024 (N = 16384: 16 elements per thread). T must be a power of two for the tree.
+* threads per block, ``warp`` forward: 256 (8 rows per block), a common occupancy sweet spot.
+* backward grid G = min(M, 1024): enough blocks to fill a 132-SM H100/H200 several times over,
+  and a constant, so the partial-row layout (and hence dweight's bits) depends on the shapes only,
+  not on which GPU runs it. Partial rows cost G·N·4 bytes (≤ 64 MiB at N = 16384).
+* stage 2: 256 threads per block, one thread per column (coalesced: neighbouring threads read
+  neighbouring columns of each partial row).
+
+Forcing a configuration (tests do this so tiny inputs cover multi-block and tail paths)::
+
+    k = rmsref.backend("numba_cuda")
+    k.rms_norm_forward(x, 7, launch=k.Launch(threads=32))           # one call
+    with k.launch_config(threads=64, variant="block", dw_blocks=2):  # every call in the block
+        ...
+
+Host API
+--------
+NumPy arrays (anything with ``__array__``) are copied to the device and the results copied back:
+NumPy in, NumPy out (``rstd`` float32, shape ``lead + (1,)*k`` like the oracle's). Objects with
+``__cuda_array_interface__`` (numba device arrays, CuPy arrays, torch CUDA tensors) are used in
+place, without copies, and the results are of the same kind (torch in, torch out). The CUDA array
+interface has no bfloat16 type: pass bfloat16 device data as its uint16/int16 bits (torch
+bfloat16 tensors are viewed as int16 automatically and returned as bfloat16). All arrays of one
+call must be on the same side. Device rows must be viewable as (M, N) without a copy.
+
+For benchmarks, :func:`prepare_forward` / :func:`prepare_backward` move operands and allocate
+outputs once and return a :class:`Prepared` whose ``run()`` only enqueues the kernels.
+
+Numerics and limits
+-------------------
+float32 sums overflow for |h| ≳ 1.8e19 and lose small rows below ~1e-19 (the oracle rescales
+rows; these kernels, like the GPU kernels they stand for, do not). Reductions are blocked: the
+error model is ``rmsref.tolerance`` with ``reduction="blocked", block=T`` (T = 32 for ``warp``).
+On a GPU, NVVM contracts a·b + c into fused multiply-adds (one rounding where the source has
+two); ``fastmath`` stays off, so sqrt and division are IEEE (``sqrt.rn``/``div.rn``). In the
+simulator the kernels run as Python threads on NumPy float32 scalars without contraction, so the
+last bit can differ from a GPU's: tests check indexing, tails, rounding and determinism there,
+and ``bench/gpu_check.py`` checks device numerics on a GPU.
+
+Not done yet (the next variants): vectorised loads (two bfloat16 or four float32 per load; the
+v1 kernels issue one 2- or 4-byte load per element), and keeping the row in registers between
+the two passes instead of re-reading it from L1/L2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numba import cuda
+
+from rmsref._shapes import (
+    ShapeLike,
+    as_array,
+    bfloat16,
+    normalize_shape,
+    resolve_eps,
+    resolve_out_dtype,
+    resolve_partial,
+)
+from rmsref.kernels import _halfbits_cuda as hb
+from rmsref.rmsnorm import AddRMSNormGrads, RMSNormGrads
+
+__all__ = [
+    "BACKWARD_VARIANTS",
+    "FORWARD_VARIANTS",
+    "SIMULATOR",
+    "Launch",
+    "Plan",
+    "Prepared",
+    "add_rms_norm",
+    "add_rms_norm_backward",
+    "add_rms_norm_forward",
+    "launch_config",
+    "plan_backward",
+    "plan_forward",
+    "prepare_backward",
+    "prepare_forward",
+    "rms_norm",
+    "rms_norm_backward",
+    "rms_norm_forward",
+]
+
+SIMULATOR = hb.SIMULATOR
+FORWARD_VARIANTS = ("block", "warp")
+BACKWARD_VARIANTS = ("block",)
+#: Variants whose warp shuffles the simulator emulates (see ``_warp_sum``).
+SHUFFLE_VARIANTS = ("warp",)
+
+WARP = 32
+MAX_THREADS = 1024
+MAX_DW_BLOCKS = 1024
+STAGE2_THREADS = 256
+WARP_ROW_LIMIT = 1024  # forward uses a warp per row up to this N
+
+# Storage kinds: how an array's elements are held on the device.
+F32, F16, BF16 = 0, 1, 2
+_KIND_OF_DTYPE = {np.dtype(np.float32): F32, np.dtype(np.float16): F16, bfloat16: BF16}
+_DTYPE_OF_KIND = {F32: np.dtype(np.float32), F16: np.dtype(np.float16), BF16: bfloat16}
+_STORAGE_OF_KIND = {F32: np.dtype(np.float32), F16: np.dtype(np.uint16), BF16: np.dtype(np.uint16)}
+
+
+# --------------------------------------------------------------------------------------------
+# Launch configuration
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A forced launch configuration; ``None`` fields are chosen from N (see module docstring).
+
+    Attributes
+    ----------
+    threads : int, optional
+        Threads per block: a power of two in [1, 1024] (``warp`` variant: a multiple of 32).
+        Also used for the dweight stage-2 kernel when given.
+    variant : {"block", "warp"}, optional
+        Forward variant. The backward has one variant (``block``).
+    dw_blocks : int, optional
+        Backward grid size G (the number of dweight partial rows), at most M.
+    """
+
+    threads: int | None = None
+    variant: str | None = None
+    dw_blocks: int | None = None
+
+
+_LAUNCH: contextvars.ContextVar[Launch | None] = contextvars.ContextVar(
+    "rmsref_numba_cuda_launch", default=None
+)
+
+
+@contextlib.contextmanager
+def launch_config(
+    threads: int | None = None, variant: str | None = None, dw_blocks: int | None = None
+) -> Iterator[Launch]:
+    """Force a launch configuration for every call inside the ``with`` block (thread-safe).
+
+    Parameters
+    ----------
+    threads, variant, dw_blocks
+        As in :class:`Launch`; ``None`` keeps the automatic choice.
+
+    Returns
+    -------
+    contextlib.AbstractContextManager[Launch]
+        Yields the forced :class:`Launch`.
+    """
+    forced = Launch(threads, variant, dw_blocks)
+    token = _LAUNCH.set(forced)
+    try:
+        yield forced
+    finally:
+        _LAUNCH.reset(token)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A resolved launch: the variant, threads per block T, rows per block, grid size."""
+
+    variant: str
+    threads: int
+    rows_per_block: int
+    blocks: int
+    cols_per_thread: int = 1  # backward: C = ceil(N / T) accumulators per thread
+
+
+def _next_pow2(v: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(v, 1))))
+
+
+def _check_threads(t: int, variant: str) -> int:
+    if not isinstance(t, (int, np.integer)) or t < 1 or t > MAX_THREADS or t & (t - 1):
+        raise ValueError(f"threads per block must be a power of two in [1, 1024], got {t!r}")
+    if variant == "warp" and t % WARP:
+        raise ValueError(f"the warp variant needs a multiple of 32 threads per block, got {t}")
+    return int(t)
+
+
+def _block_threads(n: int) -> int:
+    """T for the block variants: next power of two >= N/8, in [32, 1024] (~8 elements/thread)."""
+    return min(MAX_THREADS, max(WARP, _next_pow2(math.ceil(n / 8))))
+
+
+def _launch(launch: Launch | None) -> Launch:
+    if launch is not None:
+        return launch
+    return _LAUNCH.get() or Launch()
+
+
+def plan_forward(n: int, m: int, launch: Launch | None = None) -> Plan:
+    """The forward launch for M rows of N features (forced fields of ``launch`` win).
+
+    Parameters
+    ----------
+    n, m : int
+        Features per row and number of rows.
+    launch : Launch, optional
+        Forced fields; default the context's (:func:`launch_config`), else automatic.
+
+    Returns
+    -------
+    Plan
+    """
+    lc = _launch(launch)
+    variant = lc.variant
+    if variant is None:
+        variant = "warp" if n <= WARP_ROW_LIMIT else "block"
+    if variant not in FORWARD_VARIANTS:
+        raise ValueError(f"forward variant must be one of {FORWARD_VARIANTS}, got {variant!r}")
+    if variant == "warp":
+        t = _check_threads(lc.threads if lc.threads is not None else 256, variant)
+        rows = t // WARP
+        return Plan(variant, t, rows, max(1, math.ceil(m / rows)))
+    t = _check_threads(lc.threads if lc.threads is not None else _block_threads(n), variant)
+    return Plan(variant, t, 1, max(1, m))
+
+
+def plan_backward(n: int, m: int, launch: Launch | None = None) -> Plan:
+    """The backward launch: T, grid G = min(M, 1024) (or forced), C = ceil(N/T) per thread.
+
+    Parameters
+    ----------
+    n, m : int
+        Features per row and number of rows.
+    launch : Launch, optional
+        Forced fields; default the context's (:func:`launch_config`), else automatic.
+
+    Returns
+    -------
+    Plan
+    """
+    lc = _launch(launch)
+    t = _check_threads(lc.threads if lc.threads is not None else _block_threads(n), "block")
+    g = lc.dw_blocks if lc.dw_blocks is not None else max(1, min(m, MAX_DW_BLOCKS))
+    if not isinstance(g, (int, np.integer)) or g < 1:
+        raise ValueError(f"dw_blocks must be a positive int, got {g!r}")
+    g = int(min(g, max(m, 1)))
+    return Plan("block", t, 0, g, max(1, math.ceil(n / t)))
+
+
+# --------------------------------------------------------------------------------------------
+# Device functions: element conversion and reductions
+# --------------------------------------------------------------------------------------------
+
+
+@cuda.jit(device=True)
+def _ld_f32(v):
+    return np.float32(v)
+
+
+@cuda.jit(device=True)
+def _st_f32(v):
+    return np.float32(v)
+
+
+_LOAD = {F32: _ld_f32, F16: hb.f16_to_f32, BF16: hb.bf16_to_f32}
+_STORE = {F32: _st_f32, F16: hb.f32_to_f16, BF16: hb.f32_to_bf16}
+
+
+@cuda.jit(device=True)
+def _block_sum(a, sh, tid, nthreads):
+    """Sum a over the block by a shared-memory tree; every thread gets the total.
+
+    nthreads is a power of two. Step s adds slot tid+s into slot tid for tid < s, halving s:
+    log2 T steps, each behind a barrier. The order of additions is fixed by T alone.
+    """
+    sh[tid] = a
+    cuda.syncthreads()
+    s = nthreads // 2
+    while s > 0:
+        if tid < s:
+            sh[tid] += sh[tid + s]
+        cuda.syncthreads()
+        s //= 2
+    total = sh[0]
+    cuda.syncthreads()  # everyone has read slot 0 before the next use overwrites it
+    return total
+
+
+@cuda.jit(device=True)
+def _block_sum2(a, b, sh_a, sh_b, tid, nthreads):
+    """As :func:`_block_sum` for two values at once (one barrier per step for both)."""
+    sh_a[tid] = a
+    sh_b[tid] = b
+    cuda.syncthreads()
+    s = nthreads // 2
+    while s > 0:
+        if tid < s:
+            sh_a[tid] += sh_a[tid + s]
+            sh_b[tid] += sh_b[tid + s]
+        cuda.syncthreads()
+        s //= 2
+    ta = sh_a[0]
+    tb = sh_b[0]
+    cuda.syncthreads()  # everyone has read slot 0 before the next row overwrites it
+    return ta, tb
+
+
+if not SIMULATOR:
+
+    @cuda.jit(device=True)
+    def _warp_sum(v):
+        """Butterfly sum over the 32 lanes of a warp (every lane gets the same bits: each step
+        adds the same two values on both partner lanes, and float addition commutes)."""
+        off = 16
+        while off > 0:
+            v += cuda.shfl_xor_sync(0xFFFFFFFF, v, off)
+            off //= 2
+        return v
+
+else:
+
+    def _warp_sum(v):
+        """Simulator twin of the shuffle butterfly (the simulator has no warp shuffles).
+
+        ``shfl_xor_sync(mask, v, off)`` returns lane (lane ^ off)'s v; here the lanes exchange
+        through shared memory between block barriers instead. The additions, their operands and
+        their order are those of the GPU version, so the warp variant's indexing (rows per
+        block, lanes striding over a row, tails, warps past the last row) is tested in the
+        simulator; only the shuffle instruction itself is not (bench/gpu_check.py checks it).
+        """
+        sh = cuda.shared.array(MAX_THREADS, np.float32)
+        tid = cuda.threadIdx.x
+        off = 16
+        while off > 0:
+            sh[tid] = v
+            cuda.syncthreads()
+            v += sh[tid ^ off]  # lane ^ off flips the low 5 bits: the partner in this warp
+            cuda.syncthreads()
+            off //= 2
+        return v
+
+
+# --------------------------------------------------------------------------------------------
+# Kernel factories. Kernels are specialised at build time on the storage kinds and on which
+# optional operands exist (closure constants: the dead branches compile away), and cached.
+# --------------------------------------------------------------------------------------------
+
+
+def _h_loader(kx: int, kr: int, has_r: bool, rounded: bool):
+    """Device function h(x, r, i, j) -> float32: x, or the residual sum (both meanings)."""
+    ldx, ldr, stx = _LOAD[kx], _LOAD[kr], _STORE[kx]
+
+    @cuda.jit(device=True)
+    def h_at(x, r, i, j):
+        h = ldx(x[i, j])
+        if has_r:
+            h = h + ldr(r[i, j])  # float32 sum ("fp32-sum")
+            if rounded:
+                h = ldx(stx(h))  # "rounded-sum": round to x's dtype, then normalise that
+        return h
+
+    return h_at
+
+
+@functools.cache
+def _forward_kernel(variant: str, threads: int, kx: int, kr: int, kw: int, kb: int, ky: int,
+                    kro: int, has_w: bool, has_b: bool, has_r: bool, rounded: bool):
+    """The forward kernel (``variant`` "block" or "warp") for one combination of storage kinds
+    (x, residual, weight, bias, y, new residual) and optional operands."""
+    h_at = _h_loader(kx, kr, has_r, rounded)
+    ldw, ldb, sty, stro = _LOAD[kw], _LOAD[kb], _STORE[ky], _STORE[kro]
+    T = threads
+
+    @cuda.jit(device=True)
+    def write_row(x, r, w, b, y, i, n, rs, scale, offset, start, step):
+        """Pass 2, eqs. (3)-(4): y_j = (h_j·rstd)·(offset + w_j) + b_j, rounded once."""
+        for j in range(start, n, step):
+            yj = h_at(x, r, i, j) * rs  # eq. (3) xhat
+            if has_w:
+                yj = yj * (offset + ldw(w[j]))  # eq. (4)
+            else:
+                yj = yj * scale  # 1 + offset (exact 1 when offset = 0)
+            if has_b:
+                yj = yj + ldb(b[j])
+            y[i, j] = sty(yj)
+
+    @cuda.jit(device=True)
+    def row_sumsq(x, r, rout, i, n, k, start, step):
+        """Pass 1, eq. (1): this thread's part of Σ_{j<K} h_j²; stores the new residual."""
+        acc = np.float32(0.0)
+        stop = n if has_r else k
+        for j in range(start, stop, step):
+            h = h_at(x, r, i, j)
+            if j < k:
+                acc += h * h
+            if has_r:
+                rout[i, j] = stro(h)  # h rounded to the residual's dtype
+        return acc
+
+    if variant == "block":
+
+        @cuda.jit
+        def forward_block(x, r, w, b, y, rout, rstd, n, k, eps, scale, offset):
+            sh = cuda.shared.array(T, np.float32)
+            tid = cuda.threadIdx.x
+            i = cuda.blockIdx.x
+            acc = row_sumsq(x, r, rout, i, n, k, tid, T)
+            ss = _block_sum(acc, sh, tid, T)
+            rs = np.float32(1.0) / math.sqrt(ss / np.float32(k) + eps)  # eqs. (1)-(2)
+            if tid == 0:
+                rstd[i] = rs
+            write_row(x, r, w, b, y, i, n, rs, scale, offset, tid, T)
+
+        return forward_block
+
+    @cuda.jit
+    def forward_warp(x, r, w, b, y, rout, rstd, n, k, eps, scale, offset):
+        tid = cuda.threadIdx.x
+        lane = tid % WARP
+        i = cuda.blockIdx.x * (T // WARP) + tid // WARP
+        active = i < y.shape[0]  # the same for all 32 lanes of a warp
+        acc = np.float32(0.0)
+        if active:
+            acc = row_sumsq(x, r, rout, i, n, k, lane, WARP)
+        # Every lane reaches the shuffle (full mask), also in warps past the last row: no early
+        # return, so the simulator's emulation below can use block barriers.
+        ss = _warp_sum(acc)
+        if active:
+            rs = np.float32(1.0) / math.sqrt(ss / np.float32(k) + eps)  # eqs. (1)-(2)
+            if lane == 0:
+                rstd[i] = rs
+            write_row(x, r, w, b, y, i, n, rs, scale, offset, lane, WARP)
+
+    return forward_warp
+
+
+@functools.cache
+def _backward_kernel(threads: int, cols: int, kx: int, kr: int, kw: int, kdy: int, kdro: int,
+                     kdx: int, kdr: int, has_w: bool, has_b: bool, has_r: bool, has_dro: bool,
+                     rounded: bool, has_rstd: bool):
+    """Backward stage 1 for T = ``threads`` and C = ``cols`` accumulators per thread, one
+    combination of storage kinds (x, residual, weight, dy, dresidual_out, dx, dresidual) and
+    optional operands; ``has_rstd``: use the saved statistic instead of recomputing it."""
+    h_at = _h_loader(kx, kr, has_r, rounded)
+    ldw, lddy, lddro = _LOAD[kw], _LOAD[kdy], _LOAD[kdro]
+    stdx, stdr = _STORE[kdx], _STORE[kdr]
+    T, C = threads, cols
+
+    @cuda.jit
+    def backward_block(dy, x, r, w, dro, rstd_in, dx, dr, pw, pb, m, n, k, eps, scale,
+                       offset):
+        sh_a = cuda.shared.array(T, np.float32)
+        sh_b = cuda.shared.array(T, np.float32)
+        dw_acc = cuda.local.array(C, np.float32)  # Σ_rows dy·xhat for columns tid + c·T
+        db_acc = cuda.local.array(C, np.float32)  # Σ_rows dy
+        tid = cuda.threadIdx.x
+        g = cuda.gridDim.x
+        for c in range(C):
+            dw_acc[c] = np.float32(0.0)
+            db_acc[c] = np.float32(0.0)
+        for i in range(cuda.blockIdx.x, m, g):
+            # pass 1: Σ_{j<K} h_j² (eq. 1) and Σ_j dxhat_j·h_j (eq. 6 before scaling by rstd/K)
+            a_ss = np.float32(0.0)
+            a_dh = np.float32(0.0)
+            for c in range(C):
+                j = tid + c * T
+                if j < n:
+                    h = h_at(x, r, i, j)
+                    wj = (offset + ldw(w[j])) if has_w else scale
+                    a_dh += (lddy(dy[i, j]) * wj) * h  # dxhat_j·h_j, eq. (5)
+                    if j < k and not has_rstd:
+                        a_ss += h * h
+            ss, dh = _block_sum2(a_ss, a_dh, sh_a, sh_b, tid, T)
+            if has_rstd:
+                rs = np.float32(rstd_in[i])  # the forward's own statistic
+            else:
+                rs = np.float32(1.0) / math.sqrt(ss / np.float32(k) + eps)  # eqs. (1)-(2)
+            cc = (dh * rs) / np.float32(k)  # eq. (6): c = (1/K) Σ dxhat·xhat
+            # pass 2: dx (eq. 7), and this thread's columns of dweight/dbias (eqs. 8-9)
+            for c in range(C):
+                j = tid + c * T
+                if j < n:
+                    h = h_at(x, r, i, j)
+                    g_j = lddy(dy[i, j])
+                    wj = (offset + ldw(w[j])) if has_w else scale
+                    xhat = h * rs  # eq. (3)
+                    dxhat = g_j * wj  # eq. (5)
+                    if j < k:
+                        dxj = rs * (dxhat - xhat * cc)  # eq. (7): direct term − projection
+                    else:
+                        dxj = rs * dxhat  # features past K do not feed the statistic
+                    if has_dro:
+                        dxj = dxj + lddro(dro[i, j])  # h also feeds new_residual
+                    dx[i, j] = stdx(dxj)
+                    if has_r:
+                        dr[i, j] = stdr(dxj)
+                    if has_w:
+                        dw_acc[c] += g_j * xhat  # eq. (8), this block's rows only
+                    if has_b:
+                        db_acc[c] += g_j  # eq. (9)
+        # this block's partial rows: written once, read by stage 2 in a fixed order
+        b = cuda.blockIdx.x
+        for c in range(C):
+            j = tid + c * T
+            if j < n:
+                if has_w:
+                    pw[b, j] = dw_acc[c]
+                if has_b:
+                    pb[b, j] = db_acc[c]
+
+    return backward_block
+
+
+@functools.cache
+def _column_sum_kernel(kout: int):
+    """Backward stage 2 (dweight or dbias), writing storage kind ``kout``."""
+    st = _STORE[kout]
+
+    @cuda.jit
+    def column_sum(part, out, n):
+        """Stage 2: out_j = Σ_b part[b, j] for b = 0, 1, … in order, rounded once."""
+        j = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        if j < n:
+            s = np.float32(0.0)
+            for b in range(part.shape[0]):
+                s += part[b, j]
+            out[j] = st(s)
+
+    return column_sum
+
+
+# --------------------------------------------------------------------------------------------
+# Host side: operands on the host (copied) or on the device (used in place)
+# --------------------------------------------------------------------------------------------
+
+
+def _is_device(a: Any) -> bool:
+    if getattr(type(a), "__cuda_ndarray__", False):  # numba device arrays, simulator arrays
+        return True
+    try:
+        return hasattr(a, "__cuda_array_interface__")
+    except Exception:  # noqa: BLE001 - some libraries raise other errors for host tensors
+        return False
+
+
+def _is_torch(a: Any) -> bool:
+    return type(a).__module__.split(".")[0] == "torch"
+
+
+def _is_cupy(a: Any) -> bool:
+    return type(a).__module__.split(".")[0] == "cupy"
+
+
+@dataclass
+class _Operand:
+    """One array argument: its (M, N) or (N,) device storage and what to give back."""
+
+    dev: Any  # device array holding the storage kind (float32 or uint16 bits)
+    kind: int
+    dtype: np.dtype  # the logical dtype (float32, float16, bfloat16)
+    shape: tuple[int, ...]
+    source: Any  # the original object (device side), for wrapping results
+
+
+class _Call:
+    """The arrays of one call: all host (copy in/out) or all device (in place)."""
+
+    def __init__(self, x: Any) -> None:
+        self.on_device = _is_device(x)
+        self.template = x
+
+    # -- inputs --------------------------------------------------------------------------
+    def operand(self, a: Any, name: str, rows: tuple[int, int] | None,
+                like: tuple[int, ...] | None = None) -> _Operand:
+        """Validate ``a`` and move it (as rows (M, N) or a vector (N,)) to the device.
+
+        ``like``: the shape ``a`` must have (x's, for dy and the residual).
+        """
+        if _is_device(a) != self.on_device:
+            mine, theirs = ("host", "device") if self.on_device else ("device", "host")
+            raise TypeError(
+                f"{name} is a {mine} array but x is a {theirs} array; pass every array of a "
+                "call on the same side (NumPy arrays are copied, device arrays used in place)"
+            )
+        if like is not None and tuple(int(d) for d in a.shape) != like:
+            raise ValueError(f"{name} has shape {tuple(a.shape)} but x has shape {like}")
+        if self.on_device:
+            return self._device_operand(a, name, rows)
+        arr = as_array(a, name)
+        kind = _kind(arr.dtype, name)
+        shaped = arr.reshape(rows) if rows is not None else arr.reshape(-1)
+        storage = np.ascontiguousarray(shaped).view(_STORAGE_OF_KIND[kind])
+        return _Operand(cuda.to_device(storage), kind, arr.dtype, tuple(arr.shape), a)
+
+    def _device_operand(self, a: Any, name: str, rows: tuple[int, int] | None) -> _Operand:
+        logical = None
+        if _is_torch(a):
+            import torch
+
+            if a.dtype == torch.bfloat16:
+                a, logical = a.view(torch.int16), bfloat16
+        d = a if getattr(type(a), "__cuda_ndarray__", False) else cuda.as_cuda_array(a)
+        dt = np.dtype(d.dtype)
+        if dt in (np.dtype(np.uint16), np.dtype(np.int16)):
+            kind, logical = BF16, bfloat16  # bits: the CUDA array interface has no bfloat16
+            d = d.view(np.uint16)
+        else:
+            kind = _kind(dt, name)
+            logical = dt
+            if kind == F16:
+                d = d.view(np.uint16)
+        shape = tuple(int(s) for s in d.shape)
+        target = rows if rows is not None else (int(np.prod(shape)),)
+        try:
+            d = d.reshape(target)
+        except Exception as exc:  # noqa: BLE001 - numba raises NotImplementedError/ValueError
+            raise ValueError(
+                f"{name} (device array, shape {shape}) cannot be viewed as {target} without a "
+                f"copy ({exc}); pass a C-contiguous array"
+            ) from None
+        return _Operand(d, kind, np.dtype(logical), shape, a)
+
+    # -- outputs -------------------------------------------------------------------------
+    def empty(self, shape: tuple[int, ...], kind: int) -> Any:
+        return cuda.device_array(shape, dtype=_STORAGE_OF_KIND[kind])
+
+    def result(self, dev: Any, kind: int, shape: tuple[int, ...]) -> Any:
+        """A device result as the caller's kind: NumPy (copied back) or the input's library."""
+        if not self.on_device:
+            host = dev.copy_to_host()
+            return host.view(_DTYPE_OF_KIND[kind]).reshape(shape)
+        out = dev.reshape(shape)
+        if kind == F16:
+            out = out.view(np.float16)
+        src = self.template
+        if _is_torch(src):
+            import torch
+
+            if kind == BF16:  # int16 bits: a typestr every torch version reads
+                return torch.as_tensor(out.view(np.int16), device=src.device).view(torch.bfloat16)
+            return torch.as_tensor(out, device=src.device)
+        if _is_cupy(src):
+            import cupy
+
+            return cupy.asarray(out)
+        return out  # numba device array (bfloat16 as uint16 bits)
+
+
+def _kind(dtype: np.dtype, name: str) -> int:
+    try:
+        return _KIND_OF_DTYPE[np.dtype(dtype)]
+    except KeyError:
+        raise TypeError(
+            f"{name} has dtype {np.dtype(dtype)}; the numba_cuda backend computes in float32 and "
+            "accepts float32, float16 and bfloat16 (use the 'numpy' or 'numba_cpu' backend for "
+            "float64 and complex inputs)"
+        ) from None
+
+
+def _rows_shape(shape: tuple[int, ...], nshape: tuple[int, ...], name: str) -> tuple[int, int]:
+    """(M, N) for an input of ``shape`` (host or device), with rmsref's usual error."""
+    k = len(nshape)
+    if len(shape) < k or tuple(shape[len(shape) - k :]) != nshape:
+        raise ValueError(
+            f"normalized_shape {nshape} does not match the trailing dims of {name} "
+            f"with shape {shape}"
+        )
+    n = int(np.prod(nshape))
+    m = int(np.prod(shape[: len(shape) - len(nshape)]))
+    return m, n
+
+
+def _stat_shape(shape: tuple[int, ...], nshape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(shape[: len(shape) - len(nshape)]) + (1,) * len(nshape)
+
+
+def _param(call: _Call, p: Any, name: str, nshape: tuple[int, ...]) -> _Operand | None:
+    if p is None:
+        return None
+    op = call.operand(p, name, None)
+    if op.shape != nshape:
+        raise ValueError(f"{name} has shape {op.shape} but normalized_shape is {nshape}")
+    return op
+
+
+_DUMMIES: dict[int, Any] = {}
+
+
+def _dummy(ndim: int) -> Any:
+    """A 1-element float32 device array standing in for an absent operand (never read)."""
+    if ndim not in _DUMMIES:
+        _DUMMIES[ndim] = cuda.to_device(np.zeros((1,) * ndim, np.float32))
+    return _DUMMIES[ndim]
+
+
+def _dev(op: _Operand | None, ndim: int) -> tuple[Any, int]:
+    return (_dummy(ndim), F32) if op is None else (op.dev, op.kind)
+
+
+def _check_rounding(rounding: str) -> bool:
+    if rounding not in ("fp32-sum", "rounded-sum"):
+        raise ValueError(f"rounding must be 'fp32-sum' or 'rounded-sum', got {rounding!r}")
+    return rounding == "rounded-sum"
+
+
+def _rstd_operand(call: _Call, rstd: Any, xs: tuple[int, ...], nshape: tuple[int, ...],
+                  m: int) -> Any:
+    """A saved rstd (shape lead or lead + (1,)*k, any float dtype) as a float32 (M,) array."""
+    lead = tuple(xs[: len(xs) - len(nshape)])
+    if call.on_device != _is_device(rstd):
+        raise TypeError("rstd must be on the same side (host or device) as x")
+    shape = tuple(int(s) for s in rstd.shape)
+    if shape not in (lead, lead + (1,) * len(nshape)):
+        raise ValueError(
+            f"rstd has shape {shape}; for input of shape {xs} and normalized_shape {nshape} "
+            f"expected {lead} or {lead + (1,) * len(nshape)}"
+        )
+    if call.on_device:
+        d = rstd if getattr(type(rstd), "__cuda_ndarray__", False) else cuda.as_cuda_array(rstd)
+        return d.reshape((m,))
+    host = np.asarray(rstd)
+    if host.dtype.kind != "f":
+        raise TypeError(f"rstd has dtype {host.dtype}; expected a real floating dtype")
+    return cuda.to_device(np.ascontiguousarray(host.reshape(m), dtype=np.float32))
+
+
+# --------------------------------------------------------------------------------------------
+# Launching: a call is prepared (operands on the device, outputs allocated, kernels chosen) and
+# then run. The public functions do both; benchmarks prepare once and time ``run()`` alone.
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Prepared:
+    """Kernels bound to their device arguments and outputs.
+
+    Attributes
+    ----------
+    launches : list
+        ``(kernel, blocks, threads, args)`` in the order they run.
+    outputs : dict
+        Device arrays in their storage kind (uint16 bits for half types): forward ``y``,
+        ``residual`` (fused add only), ``rstd``; backward ``dx``, ``dresidual``, ``dweight``,
+        ``dbias`` (absent ones are None).
+    plan : Plan
+        The launch configuration of the main kernel.
+    bytes_moved : int
+        Compulsory DRAM traffic of one ``run()`` (every operand read once, every output written
+        once, dweight partial rows written and read once), for GB/s figures.
+    """
+
+    launches: list
+    outputs: dict
+    plan: Plan
+    bytes_moved: int
+
+    def run(self) -> None:
+        """Enqueue the kernels on the default stream (no allocation, no synchronisation)."""
+        for kern, blocks, threads, args in self.launches:
+            kern[blocks, threads](*args)
+
+
+def _nbytes(*ops: Any) -> int:
+    return sum(int(o.size) * int(o.dtype.itemsize) for o in ops if o is not None)
+
+
+def _forward_prepare(call: _Call, xo: _Operand, ro: _Operand | None, wo: _Operand | None,
+                     bo: _Operand | None, m: int, n: int, k: int, eps: float, offset: float,
+                     ky: int, kro: int, rounded: bool, launch: Launch | None) -> Prepared:
+    y = call.empty((m, n), ky)
+    rout = call.empty((m, n), kro) if ro is not None else None
+    rstd = cuda.device_array((m,), np.float32)
+    plan = plan_forward(n, m, launch)
+    launches = []
+    if m > 0:
+        r_dev, kr = _dev(ro, 2)
+        w_dev, kw = _dev(wo, 1)
+        b_dev, kb = _dev(bo, 1)
+        kern = _forward_kernel(plan.variant, plan.threads, xo.kind, kr, kw, kb, ky, kro,
+                               wo is not None, bo is not None, ro is not None, rounded)
+        args = (xo.dev, r_dev, w_dev, b_dev, y, _dummy(2) if rout is None else rout, rstd, n, k,
+                np.float32(eps), np.float32(1.0 + offset), np.float32(offset))
+        launches.append((kern, plan.blocks, plan.threads, args))
+    moved = _nbytes(xo.dev, None if ro is None else ro.dev, None if wo is None else wo.dev,
+                    None if bo is None else bo.dev, y, rout, rstd)
+    return Prepared(launches, {"y": y, "residual": rout, "rstd": rstd}, plan, moved)
+
+
+def _column_sum_launch(call: _Call, part: Any, n: int, kout: int,
+                       launch: Launch | None) -> tuple[Any, tuple]:
+    out = call.empty((n,), kout)
+    forced = _launch(launch).threads
+    t = forced if forced is not None else STAGE2_THREADS
+    return out, (_column_sum_kernel(kout), max(1, math.ceil(n / t)), t, (part, out, n))
+
+
+def _backward_prepare(call: _Call, dyo: _Operand, xo: _Operand, ro: _Operand | None,
+                      wo: _Operand | None, bo: _Operand | None, dro: _Operand | None,
+                      rstd_dev: Any, m: int, n: int, k: int, eps: float, offset: float,
+                      rounded: bool, launch: Launch | None) -> Prepared:
+    dx = call.empty((m, n), xo.kind)
+    dr = call.empty((m, n), ro.kind) if ro is not None else None
+    plan = plan_backward(n, m, launch)
+    has_w, has_b = wo is not None, bo is not None
+    # stage 1 writes one float32 partial row per block; with no rows, one zero row
+    g = plan.blocks if m > 0 else 1
+    pw = cuda.device_array((g, n), np.float32) if has_w else None
+    pb = cuda.device_array((g, n), np.float32) if has_b else None
+    launches = []
+    if m > 0:
+        r_dev, kr = _dev(ro, 2)
+        w_dev, kw = _dev(wo, 1)
+        dro_dev, kdro = _dev(dro, 2)
+        has_rstd = rstd_dev is not None
+        kern = _backward_kernel(plan.threads, plan.cols_per_thread, xo.kind, kr, kw, dyo.kind,
+                                kdro, xo.kind, F32 if ro is None else ro.kind, has_w, has_b,
+                                ro is not None, dro is not None, rounded, has_rstd)
+        args = (dyo.dev, xo.dev, r_dev, w_dev, dro_dev, rstd_dev if has_rstd else _dummy(1),
+                dx, _dummy(2) if dr is None else dr, _dummy(2) if pw is None else pw,
+                _dummy(2) if pb is None else pb, m, n, k, np.float32(eps),
+                np.float32(1.0 + offset), np.float32(offset))
+        launches.append((kern, plan.blocks, plan.threads, args))
+    else:
+        for part in (pw, pb):
+            if part is not None:
+                part.copy_to_device(np.zeros((1, n), np.float32))
+    dw = db = None
+    if has_w:
+        dw, stage2 = _column_sum_launch(call, pw, n, wo.kind, launch)
+        launches.append(stage2)
+    if has_b:
+        db, stage2 = _column_sum_launch(call, pb, n, bo.kind, launch)
+        launches.append(stage2)
+    parts = 2 * _nbytes(pw, pb)  # written by stage 1, read by stage 2
+    moved = parts + _nbytes(dyo.dev, xo.dev, None if ro is None else ro.dev,
+                            None if wo is None else wo.dev, None if dro is None else dro.dev,
+                            rstd_dev, dx, dr, dw, db)
+    outputs = {"dx": dx, "dresidual": dr, "dweight": dw, "dbias": db}
+    return Prepared(launches, outputs, plan, moved)
+
+
+# --------------------------------------------------------------------------------------------
+# Argument handling shared by the public functions
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Forward:
+    call: _Call
+    xs: tuple[int, ...]
+    nshape: tuple[int, ...]
+    xo: _Operand
+    ro: _Operand | None
+    wo: _Operand | None
+    ky: int
+    prepared: Prepared
+
+
+def _forward_call(x: Any, normalized_shape: ShapeLike, weight: Any, eps: float | None, *,
+                  bias: Any = None, offset: float = 0.0, partial: float | None = None,
+                  out_dtype: Any = None, residual: Any = None, rounding: str = "fp32-sum",
+                  launch: Launch | None = None) -> _Forward:
+    rounded = _check_rounding(rounding)
+    call = _Call(x)
+    nshape = normalize_shape(normalized_shape)
+    xs = _input_shape(call, x)
+    m, n = _rows_shape(xs, nshape, "input")
+    xo = call.operand(x, "input", (m, n))
+    ro = None if residual is None else call.operand(residual, "residual", (m, n), xs)
+    wo = _param(call, weight, "weight", nshape)
+    bo = _param(call, bias, "bias", nshape)
+    eps_v = resolve_eps(eps, xo.dtype)
+    ky = _kind(resolve_out_dtype(out_dtype, np.empty(0, xo.dtype)), "out_dtype")
+    k = resolve_partial(partial, n)
+    prepared = _forward_prepare(call, xo, ro, wo, bo, m, n, k, eps_v, float(offset), ky,
+                                F32 if ro is None else ro.kind, rounded, launch)
+    return _Forward(call, xs, nshape, xo, ro, wo, ky, prepared)
+
+
+@dataclass
+class _Backward:
+    call: _Call
+    xs: tuple[int, ...]
+    nshape: tuple[int, ...]
+    xo: _Operand
+    ro: _Operand | None
+    wo: _Operand | None
+    bo: _Operand | None
+    prepared: Prepared
+
+
+def _backward_call(dy: Any, x: Any, normalized_shape: ShapeLike, weight: Any,
+                   eps: float | None, *, rstd: Any = None, bias: Any = None,
+                   offset: float = 0.0, partial: float | None = None, residual: Any = None,
+                   dresidual_out: Any = None, rounding: str = "fp32-sum",
+                   launch: Launch | None = None) -> _Backward:
+    rounded = _check_rounding(rounding)
+    call = _Call(x)
+    nshape = normalize_shape(normalized_shape)
+    xs = _input_shape(call, x)
+    m, n = _rows_shape(xs, nshape, "input")
+    xo = call.operand(x, "input", (m, n))
+    ro = None if residual is None else call.operand(residual, "residual", (m, n), xs)
+    dyo = call.operand(dy, "dy", (m, n), xs)
+    dro = None
+    if dresidual_out is not None:
+        dro = call.operand(dresidual_out, "dresidual_out", (m, n), xs)
+    wo = _param(call, weight, "weight", nshape)
+    bo = _param(call, bias, "bias", nshape)
+    eps_v = resolve_eps(eps, xo.dtype)
+    k = resolve_partial(partial, n)
+    rstd_dev = None if rstd is None else _rstd_operand(call, rstd, xs, nshape, m)
+    prepared = _backward_prepare(call, dyo, xo, ro, wo, bo, dro, rstd_dev, m, n, k, eps_v,
+                                 float(offset), rounded, launch)
+    return _Backward(call, xs, nshape, xo, ro, wo, bo, prepared)
+
+
+def _input_shape(call: _Call, x: Any) -> tuple[int, ...]:
+    """x's shape, validating host inputs' dtype on the way (device ones are checked later)."""
+    if call.on_device:
+        return tuple(int(s) for s in x.shape)
+    return tuple(as_array(x, "input").shape)
+
+
+def prepare_forward(x: Any, normalized_shape: ShapeLike, weight: Any = None,
+                    eps: float | None = None, *, bias: Any = None, offset: float = 0.0,
+                    partial: float | None = None, out_dtype: Any = None, residual: Any = None,
+                    rounding: str = "fp32-sum", launch: Launch | None = None) -> Prepared:
+    """Prepare a forward (``residual`` given: the fused add) for repeated ``run()`` calls.
+
+    For benchmarks: operands are moved to the device and outputs allocated once, so ``run()``
+    times the kernels alone. Arguments as in :func:`rms_norm_forward` and
+    :func:`add_rms_norm_forward`.
+
+    Returns
+    -------
+    Prepared
+    """
+    return _forward_call(x, normalized_shape, weight, eps, bias=bias, offset=offset,
+                         partial=partial, out_dtype=out_dtype, residual=residual,
+                         rounding=rounding, launch=launch).prepared
+
+
+def prepare_backward(dy: Any, x: Any, normalized_shape: ShapeLike, weight: Any = None,
+                     eps: float | None = None, *, rstd: Any = None, bias: Any = None,
+                     offset: float = 0.0, partial: float | None = None, residual: Any = None,
+                     dresidual_out: Any = None, rounding: str = "fp32-sum",
+                     launch: Launch | None = None) -> Prepared:
+    """Prepare a backward (stage 1 and the dweight/dbias column sums) for repeated ``run()``.
+
+    Arguments as in :func:`rms_norm_backward` and :func:`add_rms_norm_backward`.
+
+    Returns
+    -------
+    Prepared
+    """
+    return _backward_call(dy, x, normalized_shape, weight, eps, rstd=rstd, bias=bias,
+                          offset=offset, partial=partial, residual=residual,
+                          dresidual_out=dresidual_out, rounding=rounding,
+                          launch=launch).prepared
+
+
+# --------------------------------------------------------------------------------------------
+# Public API: the oracle's names and signatures (DESIGN §2), plus ``launch=``
+# --------------------------------------------------------------------------------------------
+
+
+def rms_norm(
+    x: Any,
+    normalized_shape: ShapeLike,
+    weight: Any = None,
+    eps: float | None = None,
+    *,
+    launch: Launch | None = None,
+) -> Any:
+    """RMSNorm forward on the GPU (torch semantics): ``y``, as :func:`rmsref.rms_norm`.
+
+    Parameters
+    ----------
+    x : array
+        float32, float16 or bfloat16; NumPy (copied) or a CUDA array (used in place).
+    normalized_shape : int or tuple of int
+        The trailing dims normalised together.
+    weight : array, optional
+        Per-feature scale, shape ``normalized_shape``.
+    eps : float, optional
+        Added to the mean of squares; default float32's machine epsilon.
+    launch : Launch, optional
+        Forced launch configuration (see :class:`Launch`).
+
+    Returns
+    -------
+    array
+        ``y``, same shape and dtype as ``x``, same kind (NumPy or device) as ``x``.
+    """
+    return rms_norm_forward(x, normalized_shape, weight, eps, launch=launch)[0]
+
+
+def rms_norm_forward(
+    x: Any,
+    normalized_shape: ShapeLike,
+    weight: Any = None,
+    eps: float | None = None,
+    *,
+    bias: Any = None,
+    offset: float = 0.0,
+    partial: float | None = None,
+    out_dtype: Any = None,
+    launch: Launch | None = None,
+) -> tuple[Any, Any]:
+    """RMSNorm forward returning ``(y, rstd)``; only rstd (O(rows)) is saved for the backward.
+
+    Parameters
+    ----------
+    x, normalized_shape, weight, eps, launch
+        As in :func:`rms_norm`.
+    bias : array, optional
+        Per-feature shift, shape ``normalized_shape``.
+    offset : float, default 0.0
+        The weight is used as ``offset + weight`` (1.0 for Gemma).
+    partial : float in (0, 1], optional
+        pRMSNorm: the RMS comes from the first ``floor(N * partial)`` features.
+    out_dtype : dtype, optional
+        float32, float16 or bfloat16; default ``x``'s dtype.
+
+    Returns
+    -------
+    y : array
+        Shape of ``x``, dtype ``out_dtype``, rounded once from float32.
+    rstd : array
+        float32, shape ``x.shape[:-k] + (1,) * k``.
+    """
+    f = _forward_call(x, normalized_shape, weight, eps, bias=bias, offset=offset,
+                      partial=partial, out_dtype=out_dtype, launch=launch)
+    f.prepared.run()
+    out = f.prepared.outputs
+    return (f.call.result(out["y"], f.ky, f.xs),
+            f.call.result(out["rstd"], F32, _stat_shape(f.xs, f.nshape)))
+
+
+def rms_norm_backward(
+    dy: Any,
+    x: Any,
+    normalized_shape: ShapeLike,
+    weight: Any = None,
+    eps: float | None = None,
+    *,
+    rstd: Any = None,
+    bias: Any = None,
+    offset: float = 0.0,
+    partial: float | None = None,
+    launch: Launch | None = None,
+) -> RMSNormGrads:
+    """RMSNorm backward, eqs. (5)-(9): dx per row, dweight/dbias by two deterministic stages.
+
+    Parameters
+    ----------
+    dy : array
+        ∂L/∂y, same shape as ``x`` (float32, float16 or bfloat16).
+    x, normalized_shape, weight, eps, bias, offset, partial, launch
+        As in :func:`rms_norm_forward`.
+    rstd : array, optional
+        The forward's saved statistic (shape ``lead`` or ``lead + (1,)*k``), used as float32;
+        recomputed in the kernel when None.
+
+    Returns
+    -------
+    RMSNormGrads
+        ``(dx, dweight, dbias)``: dx in x's dtype, dweight/dbias in the parameter's dtype (None
+        without that parameter).
+    """
+    b = _backward_call(dy, x, normalized_shape, weight, eps, rstd=rstd, bias=bias, offset=offset,
+                       partial=partial, launch=launch)
+    b.prepared.run()
+    out = b.prepared.outputs
+    return RMSNormGrads(
+        b.call.result(out["dx"], b.xo.kind, b.xs),
+        None if b.wo is None else b.call.result(out["dweight"], b.wo.kind, b.nshape),
+        None if b.bo is None else b.call.result(out["dbias"], b.bo.kind, b.nshape),
+    )
+
+
+def add_rms_norm(
+    x: Any,
+    residual: Any,
+    normalized_shape: ShapeLike,
+    weight: Any = None,
+    eps: float | None = None,
+    *,
+    rounding: str = "fp32-sum",
+    offset: float = 0.0,
+    launch: Launch | None = None,
+) -> tuple[Any, Any]:
+    """Fused residual add + RMSNorm: ``(y, new_residual)`` as :func:`rmsref.add_rms_norm`.
+
+    Parameters
+    ----------
+    x, residual : array
+        Same shape; float32, float16 or bfloat16 (the dtypes may differ).
+    normalized_shape, weight, eps, offset, launch
+        As in :func:`rms_norm_forward`.
+    rounding : {"fp32-sum", "rounded-sum"}
+        Normalise the float32 sum h = x + residual, or h rounded to x's dtype first.
+
+    Returns
+    -------
+    y : array
+        RMSNorm of h, in x's dtype.
+    new_residual : array
+        h rounded to the residual's dtype.
+    """
+    y, res, _ = add_rms_norm_forward(x, residual, normalized_shape, weight, eps,
+                                     rounding=rounding, offset=offset, launch=launch)
+    return y, res
+
+
+def add_rms_norm_forward(
+    x: Any,
+    residual: Any,
+    normalized_shape: ShapeLike,
+    weight: Any = None,
+    eps: float | None = None,
+    *,
+    rounding: str = "fp32-sum",
+    offset: float = 0.0,
+    launch: Launch | None = None,
+) -> tuple[Any, Any, Any]:
+    """:func:`add_rms_norm` that also returns rstd: ``(y, new_residual, rstd)``.
+
+    Parameters
+    ----------
+    x, residual, normalized_shape, weight, eps, rounding, offset, launch
+        As in :func:`add_rms_norm`.
+
+    Returns
+    -------
+    y, new_residual : array
+        As in :func:`add_rms_norm`.
+    rstd : array
+        float32, shape ``x.shape[:-k] + (1,) * k``.
+    """
+    f = _forward_call(x, normalized_shape, weight, eps, offset=offset, residual=residual,
+                      rounding=rounding, launch=launch)
+    f.prepared.run()
+    out = f.prepared.outputs
+    return (f.call.result(out["y"], f.ky, f.xs),
+            f.call.result(out["residual"], f.ro.kind, f.xs),
+            f.call.result(out["rstd"], F32, _stat_shape(f.xs, f.nshape)))
+
+
+def add_rms_norm_backward(
+    dy: Any,
+    dresidual_out: Any,
+    x: Any,
+    residual: Any,
+    normalized_shape: ShapeLike,
+    weight: Any = None,
+    eps: float | None = None,
+    *,
+    rounding: str = "fp32-sum",
+    rstd: Any = None,
+    offset: float = 0.0,
+    launch: Launch | None = None,
+) -> AddRMSNormGrads:
+    """Backward of :func:`add_rms_norm`: dh = dx_RMSNorm(dy) + dresidual_out; dx = dresidual = dh.
+
+    Parameters
+    ----------
+    dy : array
+        ∂L/∂y, shape of ``x``.
+    dresidual_out : array or None
+        ∂L/∂new_residual, shape of ``x``; None when the residual stream is not used later.
+    x, residual, normalized_shape, weight, eps, rounding, offset, launch
+        As in :func:`add_rms_norm`. "rounded-sum" rounding is differentiated as the identity.
+    rstd : array, optional
+        The forward's saved statistic; recomputed when None.
+
+    Returns
+    -------
+    AddRMSNormGrads
+        ``(dx, dresidual, dweight)``: dh rounded to x's and to the residual's dtype; dweight in
+        the weight's dtype (None without weight).
+    """
+    b = _backward_call(dy, x, normalized_shape, weight, eps, rstd=rstd, offset=offset,
+                       residual=residual, dresidual_out=dresidual_out, rounding=rounding,
+                       launch=launch)
+    b.prepared.run()
+    out = b.prepared.outputs
+    return AddRMSNormGrads(
+        b.call.result(out["dx"], b.xo.kind, b.xs),
+        b.call.result(out["dresidual"], b.ro.kind, b.xs),
+        None if b.wo is None else b.call.result(out["dweight"], b.wo.kind, b.nshape),
+    )

@@ -1,0 +1,398 @@
+"""numba_cuda kernels against the float64 oracle, in the CUDA simulator (or on a GPU).
+
+Reference: ``rmsref.rms_norm_forward`` / ``rms_norm_backward`` / ``add_rms_norm_*`` evaluated in
+float64 on exactly the (already rounded) inputs the kernel saw. Tolerance: the DESIGN §5 model
+(``rmsref.tolerance``) for float32 accumulation with a blocked reduction over T threads.
+
+Grids are tiny (the simulator runs ~0.35 s per 128-thread block): threads per block are forced
+to 32 and 64 so that N ∈ {1, 7, 33, 64, 130} covers one partial block (N < T), exact multiples
+(N = 64) and multi-pass rows with a tail (N = 130 > 2T); dw_blocks is forced below M so blocks
+own several rows.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import numpy as np
+import pytest
+
+import rmsref
+from rmsref import tolerance
+from rmsref._shapes import bfloat16, resolve_eps
+
+DT = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "bf16": bfloat16}
+F32 = np.dtype(np.float32)
+
+# Options cycle against rows so that every (rows, options) pair appears (5 and 3 are coprime).
+OPTIONS = [
+    {},
+    {"weight": True},
+    {"weight": True, "bias": True},
+    {"weight": True, "bias": True, "offset": 1.0},
+    {"offset": 0.5, "partial": 0.5},
+]
+
+
+def _cases() -> list:
+    cases = []
+    for i, (dname, threads, n) in enumerate(
+        itertools.product(DT, (32, 64), (1, 7, 33, 64, 130))
+    ):
+        m = (1, 3, 5)[i % 3]
+        opt = dict(OPTIONS[i % len(OPTIONS)])
+        if n < 2:
+            opt.pop("partial", None)  # floor(1 * p) = 0 features: rejected by design
+        dw_blocks = 2 if (m > 2 and i % 2) else None
+        saved = bool(i % 2)  # pass the forward's rstd to the backward, or let it recompute
+        tag = "".join(k[0] for k in opt) or "plain"
+        cases.append(
+            pytest.param(dname, threads, n, m, opt, dw_blocks, saved,
+                         id=f"{dname}-T{threads}-N{n}-M{m}-{tag}-G{dw_blocks or 'auto'}")
+        )
+    return cases
+
+
+def _model(out_dtype, n: int, rows: int = 1, threads: int = 32) -> tolerance.ErrorModel:
+    return tolerance.ErrorModel(np.dtype(out_dtype), n, rows, acc_dtype=F32,
+                                reduction="blocked", block=threads)
+
+
+def _f64(a):
+    return None if a is None else np.asarray(a).astype(np.float64)
+
+
+def _assert_within(name: str, got, exact, bound) -> None:
+    """|got − exact| ≤ bound elementwise; on failure name the worst element and its ratio."""
+    got = np.asarray(got).astype(np.float64)
+    err = np.abs(got - exact)
+    ratio = err / np.maximum(bound, np.finfo(np.float64).tiny)
+    worst = np.unravel_index(np.argmax(ratio), ratio.shape) if ratio.size else ()
+    assert np.all(err <= bound), (
+        f"{name}: worst element {worst}: got {got[worst]!r}, exact {exact[worst]!r}, "
+        f"error {err[worst]:.3g} > bound {bound[worst]:.3g} (ratio {ratio[worst]:.3g})"
+    )
+
+
+def _y_bound(y_ex, bias, model: tolerance.ErrorModel):
+    """Eq. (y) of DESIGN §5; with a bias, the accumulated part scales with |x̂·w| + |b|.
+
+    y = x̂·w + b can cancel, and the float32 errors of x̂·w do not shrink with |y|: the same
+    reasoning as M_i for dx. Without bias this is exactly ``tolerance.bound_y``.
+    """
+    mag = np.abs(y_ex) if bias is None else np.abs(y_ex - bias) + np.abs(bias)
+    acc = 0.5 * model.gamma(model.n) + 5.0 * model.u_acc
+    return model.k_out * model.u_out * np.abs(y_ex) + acc * mag + model.atol
+
+
+def _data(rng, dtype, m: int, n: int, opt: dict):
+    x = (rng.standard_normal((m, n)) * 2.0).astype(dtype)
+    dy = rng.standard_normal((m, n)).astype(dtype)
+    w = (1.0 + 0.5 * rng.standard_normal(n)).astype(dtype) if opt.get("weight") else None
+    b = (0.5 * rng.standard_normal(n)).astype(dtype) if opt.get("bias") else None
+    return x, dy, w, b
+
+
+@pytest.mark.parametrize("dname,threads,n,m,opt,dw_blocks,saved", _cases())
+def test_forward_backward_vs_oracle(kcuda, rng, dname, threads, n, m, opt, dw_blocks, saved):
+    dtype = DT[dname]
+    x, dy, w, b = _data(rng, dtype, m, n, opt)
+    offset, partial = opt.get("offset", 0.0), opt.get("partial")
+    eps = resolve_eps(None, dtype)
+    launch = kcuda.Launch(threads=threads, variant="block", dw_blocks=dw_blocks)
+
+    y, rstd = kcuda.rms_norm_forward(x, n, w, bias=b, offset=offset, partial=partial,
+                                     launch=launch)
+    assert y.dtype == dtype and y.shape == x.shape
+    assert rstd.dtype == F32 and rstd.shape == (m, 1)
+
+    # reference: the oracle in float64 on the kernel's own inputs, eps given explicitly
+    x64, w64, b64, dy64 = _f64(x), _f64(w), _f64(b), _f64(dy)
+    y_ex, rstd_ex = rmsref.rms_norm_forward(x64, n, w64, eps, bias=b64, offset=offset,
+                                            partial=partial)
+    k = n if partial is None else int(np.floor(n * partial))
+    model = _model(dtype, k, m, threads)
+    _assert_within("y", y, y_ex, _y_bound(y_ex, b64, model))
+    _assert_within("rstd", rstd, rstd_ex, (model.rho + 2.0**-24) * rstd_ex)
+
+    grads = kcuda.rms_norm_backward(dy, x, n, w, rstd=rstd if saved else None, bias=b,
+                                    offset=offset, partial=partial, launch=launch)
+    ref = rmsref.rms_norm_backward(dy64, x64, n, w64, eps, rstd=rstd.astype(np.float64),
+                                   bias=b64, offset=offset, partial=partial)
+    # The reference uses the kernel's float32 rstd: the kernel's own statistic, as DESIGN §4.
+    rstd_used = rstd.astype(np.float64)
+    xhat = x64 * rstd_used
+    w_eff = (offset + w64) if w is not None else np.full(n, 1.0 + offset)
+    dx_bound = tolerance.bound("dx", out_dtype=dtype, n=n, dx=ref.dx, dy=dy64, xhat=xhat,
+                               rstd=rstd_used, weight=w_eff, acc_dtype=F32,
+                               reduction="blocked", block=threads)
+    dx_bound *= n / k  # c = Σ/K: with pRMSNorm the projection term is N/K times larger
+    assert grads.dx.dtype == dtype and grads.dx.shape == x.shape
+    _assert_within("dx", grads.dx, ref.dx, dx_bound)
+    if w is None:
+        assert grads.dweight is None
+    else:
+        assert grads.dweight.dtype == dtype and grads.dweight.shape == (n,)
+        bound = tolerance.bound("dweight", out_dtype=dtype, n=n, rows=m, dweight=ref.dweight,
+                                dy=dy64, xhat=xhat, acc_dtype=F32)
+        _assert_within("dweight", grads.dweight, ref.dweight, bound)
+    if b is None:
+        assert grads.dbias is None
+    else:
+        assert grads.dbias.dtype == dtype
+        bound = tolerance.bound("dweight", out_dtype=dtype, n=n, rows=m, dweight=ref.dbias,
+                                dy=dy64, xhat=np.ones_like(dy64), acc_dtype=F32)
+        _assert_within("dbias", grads.dbias, ref.dbias, bound)
+
+
+def _residual_cases() -> list:
+    cases = []
+    combos = [(d, d) for d in DT] + [("bf16", "f32"), ("f16", "f32"), ("f32", "bf16")]
+    for i, ((dx_name, dr_name), rounding) in enumerate(
+        itertools.product(combos, ("fp32-sum", "rounded-sum"))
+    ):
+        if rounding == "rounded-sum" and dx_name != dr_name:
+            continue  # mixed dtypes are the fp32-residual-stream case, which sums in fp32
+        n = (7, 130, 33)[i % 3]
+        threads = (32, 64)[i % 2]
+        cases.append(pytest.param(dx_name, dr_name, rounding, n, threads, bool(i % 2),
+                                  id=f"{dx_name}+{dr_name}-{rounding}-N{n}-T{threads}"))
+    return cases
+
+
+@pytest.mark.parametrize("dx_name,dr_name,rounding,n,threads,with_dro", _residual_cases())
+def test_add_rms_norm_vs_oracle(kcuda, rng, dx_name, dr_name, rounding, n, threads, with_dro):
+    xdt, rdt = DT[dx_name], DT[dr_name]
+    m = 3
+    x = rng.standard_normal((m, n)).astype(xdt)
+    res = (2.0 * rng.standard_normal((m, n))).astype(rdt)
+    w = (1.0 + 0.5 * rng.standard_normal(n)).astype(xdt)
+    dy = rng.standard_normal((m, n)).astype(xdt)
+    dro = rng.standard_normal((m, n)).astype(rdt) if with_dro else None
+    offset = 1.0 if with_dro else 0.0
+    eps = resolve_eps(None, xdt)
+    launch = kcuda.Launch(threads=threads, dw_blocks=2)
+
+    y, new_res, rstd = kcuda.add_rms_norm_forward(x, res, n, w, rounding=rounding,
+                                                  offset=offset, launch=launch)
+    assert (y.dtype, new_res.dtype, rstd.dtype) == (xdt, rdt, F32)
+
+    # exact h: the float64 sum, or (rounded-sum) the oracle's own rounding of it to x's dtype
+    ref_y, ref_res, _ = rmsref.add_rms_norm_forward(x, res, n, w, eps, rounding=rounding,
+                                                    offset=offset)
+    h = _f64(x) + _f64(res)
+    if rounding == "rounded-sum":
+        h = rmsref.add_rms_norm_forward(x, res, n, None, eps, rounding=rounding)[1].astype(
+            np.float64)  # same dtypes here: new_residual is h rounded to x's dtype
+    w64 = _f64(w)
+    y_ex, rstd_ex = rmsref.rms_norm_forward(h, n, w64, eps, offset=offset)
+    model = _model(xdt, n, m, threads)
+    _assert_within("y", y, y_ex, _y_bound(y_ex, None, model))
+    _assert_within("rstd", rstd, rstd_ex, (model.rho + 2.0**-24) * rstd_ex)
+    # new_residual: h rounded to the residual's dtype; fl32(x + r) first, so at most two
+    # roundings (one when x and r share a dtype, or r is float32)
+    _assert_within("new_residual", new_res, h, 2.0 * _model(rdt, n).u_out * np.abs(h)
+                   + _model(rdt, n).atol)
+    assert ref_y.dtype == y.dtype and ref_res.dtype == new_res.dtype
+
+    grads = kcuda.add_rms_norm_backward(dy, dro, x, res, n, w, rounding=rounding,
+                                        rstd=rstd if with_dro else None, offset=offset,
+                                        launch=launch)
+    rstd_used = rstd.astype(np.float64)
+    dy64 = _f64(dy)
+    g = rmsref.rms_norm_backward(dy64, h, n, w64, eps, rstd=rstd_used, offset=offset)
+    dh = g.dx + (0.0 if dro is None else _f64(dro))
+    xhat = h * rstd_used
+    for name, got, dt in (("dx", grads.dx, xdt), ("dresidual", grads.dresidual, rdt)):
+        assert got.dtype == dt and got.shape == x.shape
+        bound = tolerance.bound("dx", out_dtype=dt, n=n, dx=dh, dy=dy64, xhat=xhat,
+                                rstd=rstd_used, weight=offset + w64, acc_dtype=F32,
+                                reduction="blocked", block=threads)
+        bound += 2.0**-23 * (np.abs(g.dx) + np.abs(dh))  # + dresidual_out: one more fp32 add
+        _assert_within(name, got, dh, bound)
+    bound = tolerance.bound("dweight", out_dtype=xdt, n=n, rows=m, dweight=g.dweight, dy=dy64,
+                            xhat=xhat, acc_dtype=F32)
+    _assert_within("dweight", grads.dweight, g.dweight, bound)
+
+
+def test_dweight_bitwise_reproducible(kcuda, rng):
+    """Two runs, same inputs and launch: the same bits (no atomics, fixed summation order)."""
+    m, n = 5, 33
+    x = rng.standard_normal((m, n)).astype(bfloat16)
+    dy = rng.standard_normal((m, n)).astype(bfloat16)
+    w = rng.standard_normal(n).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    launch = kcuda.Launch(threads=32, dw_blocks=2)
+    runs = [kcuda.rms_norm_backward(dy, x, n, w, bias=b, launch=launch) for _ in range(2)]
+    for name in ("dx", "dweight", "dbias"):
+        a, c = (getattr(r, name) for r in runs)
+        assert a.dtype == c.dtype
+        assert a.tobytes() == c.tobytes(), f"{name} differs between two identical runs"
+
+
+def test_multidim_normalized_shape(kcuda, rng):
+    """normalized_shape (5, 7) over x (2, 3, 5, 7): 6 rows of 35, rstd shaped (2, 3, 1, 1)."""
+    x = rng.standard_normal((2, 3, 5, 7)).astype(np.float32)
+    w = rng.standard_normal((5, 7)).astype(np.float32)
+    y, rstd = kcuda.rms_norm_forward(x, (5, 7), w, launch=kcuda.Launch(threads=32))
+    assert y.shape == x.shape and rstd.shape == (2, 3, 1, 1)
+    y_ex, _ = rmsref.rms_norm_forward(x.astype(np.float64), (5, 7), w.astype(np.float64),
+                                      resolve_eps(None, x.dtype))
+    _assert_within("y", y, y_ex, tolerance.bound_y(y_ex, _model(F32, 35, 6, 32)))
+    g = kcuda.rms_norm_backward(x, x, (5, 7), w, launch=kcuda.Launch(threads=32))
+    assert g.dx.shape == x.shape and g.dweight.shape == (5, 7)
+
+
+def test_non_contiguous_host_input(kcuda, rng):
+    """A strided / Fortran-ordered NumPy input gives the same bits as its contiguous copy."""
+    big = rng.standard_normal((3, 66)).astype(np.float32)
+    x = big[:, ::2]  # (3, 33), stride 2
+    w = rng.standard_normal(66).astype(np.float32)[::2]
+    launch = kcuda.Launch(threads=32)
+    y, rstd = kcuda.rms_norm_forward(x, 33, w, launch=launch)
+    y_c, rstd_c = kcuda.rms_norm_forward(np.ascontiguousarray(x), 33, np.ascontiguousarray(w),
+                                         launch=launch)
+    assert y.tobytes() == y_c.tobytes() and rstd.tobytes() == rstd_c.tobytes()
+    g = kcuda.rms_norm_backward(np.asfortranarray(x), x, 33, w, launch=launch)
+    xc = np.ascontiguousarray(x)
+    g_c = kcuda.rms_norm_backward(xc, xc, 33, np.ascontiguousarray(w), launch=launch)
+    assert g.dx.tobytes() == g_c.dx.tobytes() and g.dweight.tobytes() == g_c.dweight.tobytes()
+
+
+def test_context_manager_forces_launch(kcuda, rng):
+    """launch_config(...) applies inside the block only; explicit launch= wins over it."""
+    with kcuda.launch_config(threads=64, dw_blocks=3):
+        assert kcuda.plan_forward(33, 5).threads == 64
+        assert kcuda.plan_backward(33, 5).blocks == 3
+        assert kcuda.plan_forward(33, 5, kcuda.Launch(threads=32)).threads == 32
+    assert kcuda.plan_forward(33, 5).threads == 256  # automatic: warp variant, 8 rows/block
+    assert kcuda.plan_backward(33, 5).threads == 32  # automatic: N/8 -> clamped to 32
+    assert kcuda.plan_backward(33, 5).blocks == 5  # automatic: min(M, 1024)
+
+
+def test_launch_plan_rules(kcuda):
+    """The documented choices: T = pow2 >= N/8 in [32, 1024]; G = min(M, 1024); C = ceil(N/T)."""
+    for n, t in ((1, 32), (256, 32), (257, 64), (4096, 512), (8192, 1024), (16384, 1024)):
+        assert kcuda.plan_backward(n, 7).threads == t
+        if n > 1024:
+            assert kcuda.plan_forward(n, 7) == kcuda.Plan("block", t, 1, 7)
+        assert kcuda.plan_forward(n, 7, kcuda.Launch(variant="block")).threads == t
+    assert kcuda.plan_backward(16384, 5000).blocks == 1024
+    assert kcuda.plan_backward(16384, 5000).cols_per_thread == 16
+    assert kcuda.plan_forward(512, 100) == kcuda.Plan("warp", 256, 8, 13)  # ceil(100 / 8)
+    assert kcuda.plan_forward(1025, 100).variant == "block"
+    with pytest.raises(ValueError, match="multiple of 32"):
+        kcuda.plan_forward(33, 1, kcuda.Launch(variant="warp", threads=16))
+    with pytest.raises(ValueError, match="power of two"):
+        kcuda.plan_forward(33, 1, kcuda.Launch(threads=48))
+    with pytest.raises(ValueError, match="variant"):
+        kcuda.plan_forward(33, 1, kcuda.Launch(variant="tile"))
+    with pytest.raises(ValueError, match="dw_blocks"):
+        kcuda.plan_backward(33, 4, kcuda.Launch(dw_blocks=0))
+
+
+@pytest.mark.skipif(
+    os.environ.get("NUMBA_ENABLE_CUDASIM") == "1",
+    reason="the real shfl_xor_sync needs a GPU (the simulator has no warp shuffles; the warp "
+    "variant's indexing runs there with an emulated shuffle in test_warp_variant_emulated)",
+)
+@pytest.mark.parametrize("threads", [32, 64, 256])
+@pytest.mark.parametrize("dname", list(DT))
+def test_warp_variant_vs_oracle(kcuda, rng, dname, threads):
+    dtype = DT[dname]
+    for n, m in ((1, 3), (33, 5), (130, 9), (1024, 17)):
+        x = rng.standard_normal((m, n)).astype(dtype)
+        w = rng.standard_normal(n).astype(dtype)
+        res = rng.standard_normal((m, n)).astype(dtype)
+        launch = kcuda.Launch(threads=threads, variant="warp")
+        y, rstd = kcuda.rms_norm_forward(x, n, w, launch=launch)
+        y_ex, _ = rmsref.rms_norm_forward(_f64(x), n, _f64(w), resolve_eps(None, dtype))
+        model = tolerance.ErrorModel(dtype, n, m, acc_dtype=F32, reduction="blocked", block=32)
+        _assert_within(f"y N={n}", y, y_ex, tolerance.bound_y(y_ex, model))
+        y2, r2, _ = kcuda.add_rms_norm_forward(x, res, n, w, launch=launch)
+        h = _f64(x) + _f64(res)
+        y_ex, _ = rmsref.rms_norm_forward(h, n, _f64(w), resolve_eps(None, dtype))
+        _assert_within(f"add y N={n}", y2, y_ex, tolerance.bound_y(y_ex, model))
+
+
+@pytest.mark.parametrize("dname", list(DT))
+def test_warp_variant_emulated(kcuda, rng, dname):
+    """Warp per row at tiny sizes: rows per block = T/32, lanes striding over N, the tail, and
+    warps past the last row (M = 3 with 2 rows per block). In the simulator the shuffle is
+    emulated (same additions, same order); on a GPU this runs the real one."""
+    dtype = DT[dname]
+    m = 3
+    for n, threads in ((1, 64), (33, 32), (130, 64)):
+        x = rng.standard_normal((m, n)).astype(dtype)
+        w = (1.0 + 0.5 * rng.standard_normal(n)).astype(dtype)
+        launch = kcuda.Launch(threads=threads, variant="warp")
+        model = _model(dtype, n, m, 32)
+        y, rstd = kcuda.rms_norm_forward(x, n, w, launch=launch)
+        y_ex, rstd_ex = rmsref.rms_norm_forward(_f64(x), n, _f64(w), resolve_eps(None, dtype))
+        _assert_within(f"y N={n}", y, y_ex, _y_bound(y_ex, None, model))
+        _assert_within(f"rstd N={n}", rstd, rstd_ex, (model.rho + 2.0**-24) * rstd_ex)
+        if n == 130:  # the fused residual add through the same kernel
+            res = rng.standard_normal((m, n)).astype(dtype)
+            y2, r2, _ = kcuda.add_rms_norm_forward(x, res, n, w, launch=launch)
+            h = _f64(x) + _f64(res)
+            y_ex, _ = rmsref.rms_norm_forward(h, n, _f64(w), resolve_eps(None, dtype))
+            _assert_within("add y", y2, y_ex, _y_bound(y_ex, None, model))
+            _assert_within("new_residual", r2, h, 2.0 * model.u_out * np.abs(h) + model.atol)
+
+
+def test_device_arrays_in_place(kcuda, rng):
+    """CUDA-array inputs: results stay on the device, same bits as the NumPy path."""
+    from numba import cuda
+
+    m, n = 3, 33
+    launch = kcuda.Launch(threads=32)
+    for dtype in DT.values():
+        x = rng.standard_normal((m, n)).astype(dtype)
+        w = rng.standard_normal(n).astype(dtype)
+        y_host, rstd_host = kcuda.rms_norm_forward(x, n, w, launch=launch)
+        bits = (lambda a: a.view(np.uint16)) if dtype == bfloat16 else (lambda a: a)
+        y_dev, rstd_dev = kcuda.rms_norm_forward(cuda.to_device(bits(x)), n,
+                                                 cuda.to_device(bits(w)), launch=launch)
+        assert not isinstance(y_dev, np.ndarray) and hasattr(y_dev, "copy_to_host")
+        y_back = y_dev.copy_to_host()
+        if dtype == bfloat16:
+            assert y_back.dtype == np.uint16  # bfloat16 stays as bits on the device
+            y_back = y_back.view(bfloat16)
+        assert y_back.dtype == dtype
+        assert y_back.tobytes() == y_host.tobytes()
+        assert rstd_dev.copy_to_host().tobytes() == rstd_host.tobytes()
+
+
+def test_bad_inputs_name_what_they_got(kcuda, rng):
+    from numba import cuda
+
+    x = rng.standard_normal((2, 5)).astype(np.float32)
+    with pytest.raises(TypeError, match="float64"):
+        kcuda.rms_norm_forward(x.astype(np.float64), 5)
+    with pytest.raises(ValueError, match=r"normalized_shape \(4,\).*\(2, 5\)"):
+        kcuda.rms_norm_forward(x, 4)
+    with pytest.raises(ValueError, match=r"weight has shape \(4,\)"):
+        kcuda.rms_norm_forward(x, 5, np.ones(4, np.float32))
+    with pytest.raises(ValueError, match=r"dy has shape \(2, 4\)"):
+        kcuda.rms_norm_backward(np.ones((2, 4), np.float32), x, 5)
+    with pytest.raises(ValueError, match="rounding"):
+        kcuda.add_rms_norm(x, x, 5, rounding="bf16-sum")
+    with pytest.raises(ValueError, match="partial"):
+        kcuda.rms_norm_forward(x, 5, partial=0.1)
+    with pytest.raises(TypeError, match="same side"):
+        kcuda.rms_norm_forward(cuda.to_device(x), 5, np.ones(5, np.float32))
+    with pytest.raises(ValueError, match="rstd has shape"):
+        kcuda.rms_norm_backward(x, x, 5, rstd=np.ones(3, np.float32))
+
+
+def test_empty_input(kcuda):
+    x = np.zeros((0, 7), np.float32)
+    y, rstd = kcuda.rms_norm_forward(x, 7)
+    assert y.shape == (0, 7) and rstd.shape == (0, 1)
+    g = kcuda.rms_norm_backward(x, x, 7, np.ones(7, np.float32), launch=kcuda.Launch(threads=32))
+    assert g.dx.shape == (0, 7) and np.array_equal(g.dweight, np.zeros(7, np.float32))
+
+
+def test_registry_reports_backend_available():
+    assert rmsref.available_backends()["numba_cuda"] is None
