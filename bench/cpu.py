@@ -1,0 +1,431 @@
+"""Validate, then time, the Numba CPU kernels against a parallel copy of the same bytes (DESIGN §7).
+
+    python bench/cpu.py                      # the DESIGN §7 cases, table -> bench/results/cpu.md
+    python bench/cpu.py --quick              # tiny float32 case, one round (a smoke run)
+    python bench/cpu.py --cases float32:8192x4096,bfloat16:8192x4096 --rounds 5 --repeats 3
+
+What is measured, all in one process and interleaved round by round (the machine may be shared,
+so every ratio is taken inside a round and the median over rounds is reported):
+
+- copy: a ``prange`` row copy of x into a preallocated array on all Numba threads -- the
+  machine's copy bandwidth B = 2·|x| / t_copy. ``np.copyto`` (single-threaded) and a parallel copy
+  into a *new* array (allocation and first-touch page faults included, as every API call that
+  returns a new array pays) are shown next to it.
+- every kernel variant (``rmsref.kernels.numba_cpu.VARIANTS``), LayerNorm written the same way, the
+  NumPy oracle, and torch's ``F.rms_norm`` forward and forward+autograd backward when torch is
+  installed. Each is validated against the oracle on the first rows of the same data *before* it
+  is timed; a candidate that fails is reported as REFUSED and not timed.
+
+Bytes moved (s = element size of x, s_w of the weight, s_r of rstd; M rows, N features):
+    forward   read x, write y, read w, write rstd:          2·M·N·s + N·s_w + M·s_r
+    backward  read x, dy, rstd, w; write dx, dweight:        3·M·N·s + M·s_r + 2·N·s_w
+GB/s = bytes / time. "x copy" = time / (bytes / B), the time relative to moving the same bytes at
+copy speed (targets: forward <= 1.25, backward <= 1.4). "x copy, new array" is the same against the
+parallel copy into a freshly allocated array: every call of the API (ours, torch's, the oracle's)
+returns new arrays and pays the allocation and first-touch page faults, which the preallocated
+copy does not (measured here: +25 % to +65 % of the copy time). Backward timings use the
+forward's saved rstd (as autograd does); "fwd+bwd" for torch is forward + autograd backward,
+compared with our forward + backward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+import rmsref
+from rmsref import tolerance
+from rmsref._shapes import FLOAT_DTYPES
+
+DEFAULT_CASES = "float32:8192x4096,float32:65536x512,float32:4096x16384,bfloat16:8192x4096"
+QUICK_CASES = "float32:256x512"
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+# ------------------------------------------------------------------------------ candidates
+@dataclass
+class Candidate:
+    """One timed callable: its name, kind ("fwd"/"bwd"/"fwd+bwd"/"copy"), bytes and result."""
+
+    name: str
+    kind: str
+    run: Callable[[], object]
+    nbytes: int
+    check: Callable[[], str | None] | None = None  # None = valid, else the reason it is wrong
+    refused: str | None = None
+    times: list[float] = field(default_factory=list)
+
+
+def _parallel_copy():
+    from numba import njit, prange
+
+    # not cache=True: the smoke test imports this file under another module name, and a cached
+    # entry written by one name cannot be loaded by the other
+    @njit(parallel=True, nogil=True)
+    def pcopy(src, dst):
+        for i in prange(src.shape[0]):
+            for j in range(src.shape[1]):
+                dst[i, j] = src[i, j]
+
+    return pcopy
+
+
+def _check_forward(y: np.ndarray, y_ref: np.ndarray, dtype: np.dtype, *, exact: bool,
+                   y_exact: np.ndarray | None = None) -> str | None:
+    """Our contract (exact=True: float32 >= 99.9 % equal to the oracle's rounded output, all
+    within 1 ulp) or, for other implementations, the DESIGN §5 bound with float32 accumulation
+    against the oracle's unrounded float64 value ``y_exact``."""
+    y64, r64 = y.astype(np.float64), y_ref.astype(np.float64)
+    if exact:
+        err = np.abs(y64 - r64)
+        bad = np.count_nonzero(err > tolerance.ulp(r64, dtype))
+        equal = np.mean(y64 == r64)
+        if bad or (dtype == np.float32 and equal < 0.999):
+            return f"{bad} elements beyond 1 ulp, {equal:.4%} equal"
+        return None
+    n = y.shape[-1]
+    b = tolerance.bound("y", y=y_exact, out_dtype=dtype, n=n, acc_dtype=np.float32)
+    bad = np.count_nonzero(np.abs(y64 - y_exact) > b)
+    return f"{bad} elements beyond the DESIGN §5 bound" if bad else None
+
+
+def _check_backward(dx, dw, x, dy, w, dtype, *, acc) -> str | None:
+    """dx and dweight within the DESIGN §5 bound (acc: the candidate's accumulation dtype)."""
+    n = x.shape[-1]
+    eps = np.finfo(np.float64 if x.dtype == np.float64 else np.float32).eps
+    x64 = x.astype(np.float64)
+    # the exact (float64, unrounded) gradients of these inputs: the bound adds the output rounding
+    ref = rmsref.rms_norm_backward(dy.astype(np.float64), x64, n, w.astype(np.float64), eps)
+    rstd = 1.0 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + eps)
+    xhat = x64 * rstd
+    model = dict(out_dtype=dtype, n=n, rows=x.shape[0], acc_dtype=acc)
+    bdx = tolerance.bound("dx", dx=ref.dx, dy=dy, xhat=xhat, rstd=rstd, weight=w, **model)
+    bdw = tolerance.bound("dweight", dweight=ref.dweight, dy=dy, xhat=xhat, **model)
+    bad_dx = np.count_nonzero(np.abs(dx.astype(np.float64) - ref.dx.astype(np.float64)) > bdx)
+    bad_dw = np.count_nonzero(np.abs(dw.astype(np.float64) - ref.dweight.astype(np.float64))
+                              > bdw)
+    if bad_dx or bad_dw:
+        return f"{bad_dx} dx and {bad_dw} dweight elements beyond the DESIGN §5 bound"
+    return None
+
+
+def build_candidates(x, dy, w, *, with_torch: bool, with_oracle: bool) -> list[Candidate]:
+    """Every candidate for one case, each with its validation on the first rows of the data."""
+    from rmsref.kernels import numba_cpu as nb
+
+    m, n = x.shape
+    dtype = x.dtype
+    s, s_w = x.dtype.itemsize, w.dtype.itemsize
+    s_r = nb._stat_dtype(dtype).itemsize
+    fwd_bytes = 2 * m * n * s + n * s_w + m * s_r
+    bwd_bytes = 3 * m * n * s + m * s_r + 2 * n * s_w
+    vrows = min(m, 64)
+    xv, dyv = x[:vrows], dy[:vrows]
+    y_ref = rmsref.rms_norm(xv, n, w)
+    y_exact = rmsref.rms_norm_forward(xv, n, w, out_dtype=np.float64)[0]
+    _, rstd = nb.rms_norm_forward(x, n, w)
+    cands: list[Candidate] = []
+
+    pcopy = _parallel_copy()
+    out = np.empty_like(x)
+    xb, outb = nb._bits(x), nb._bits(out)  # half types as 16-bit integer views, as the kernels
+    cands.append(Candidate("parallel copy (prange)", "copy", lambda: pcopy(xb, outb),
+                           2 * x.nbytes))
+    cands.append(Candidate("parallel copy, new array", "copy",
+                           lambda: pcopy(xb, nb._bits(np.empty_like(x))), 2 * x.nbytes))
+    cands.append(Candidate("np.copyto (1 thread)", "copy", lambda: np.copyto(out, x),
+                           2 * x.nbytes))
+
+    for v in nb.VARIANTS["rms_norm_forward"]:
+        f = nb.variant("rms_norm_forward", v)
+        cands.append(Candidate(
+            f"numba rms_norm fwd v{v}" + (" (default)" if v == max(nb.VARIANTS[
+                "rms_norm_forward"]) else ""), "fwd", lambda f=f: f(x, n, w), fwd_bytes,
+            check=lambda f=f: _check_forward(f(xv, n, w)[0], y_ref, dtype, exact=True)))
+    for v in nb.VARIANTS["rms_norm_backward"]:
+        g = nb.variant("rms_norm_backward", v)
+
+        def chk(g=g):
+            r = g(dyv, xv, n, w)
+            return _check_backward(r.dx, r.dweight, xv, dyv, w, dtype, acc=np.float64)
+
+        cands.append(Candidate(
+            f"numba rms_norm bwd v{v}" + (" (default)" if v == max(nb.VARIANTS[
+                "rms_norm_backward"]) else ""), "bwd",
+            lambda g=g: g(dy, x, n, w, rstd=rstd), bwd_bytes, check=chk))
+
+    ln_y_ref = rmsref.layer_norm(xv, n, w)
+    _, mean_ln, rstd_ln = nb.layer_norm_forward(x, n, w)
+    ln_dx_ref = rmsref.layer_norm_backward(dyv, xv, n, w).dx
+
+    def chk_ln_bwd():
+        dx = nb.layer_norm_backward(dyv, xv, n, w).dx.astype(np.float64)
+        lim = tolerance.ulp(ln_dx_ref, dtype) + 1e-12 * np.abs(ln_dx_ref.astype(np.float64)).max()
+        bad = np.count_nonzero(np.abs(dx - ln_dx_ref.astype(np.float64)) > lim)
+        return f"{bad} dx elements beyond 1 ulp" if bad else None
+
+    cands.append(Candidate(
+        "numba layer_norm fwd", "fwd", lambda: nb.layer_norm_forward(x, n, w), fwd_bytes + m * s_r,
+        check=lambda: _check_forward(nb.layer_norm(xv, n, w), ln_y_ref, dtype, exact=True)))
+    cands.append(Candidate(
+        "numba layer_norm bwd", "bwd",
+        lambda: nb.layer_norm_backward(dy, x, n, w, mean=mean_ln, rstd=rstd_ln),
+        bwd_bytes + m * s_r, check=chk_ln_bwd))
+
+    if with_oracle:
+        cands.append(Candidate("numpy oracle fwd", "fwd", lambda: rmsref.rms_norm_forward(x, n, w),
+                               fwd_bytes, check=lambda: None))
+        cands.append(Candidate("numpy oracle bwd", "bwd",
+                               lambda: rmsref.rms_norm_backward(dy, x, n, w, rstd=rstd),
+                               bwd_bytes, check=lambda: None))
+    if with_torch:
+        cands.extend(_torch_candidates(x, dy, w, xv, dyv, y_exact, fwd_bytes, bwd_bytes))
+    return cands
+
+
+def _torch_candidates(x, dy, w, xv, dyv, y_exact, fwd_bytes, bwd_bytes) -> list[Candidate]:
+    import torch
+    import torch.nn.functional as F
+
+    n = x.shape[-1]
+    tdt = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64,
+           np.dtype(np.float16): torch.float16, rmsref.bfloat16: torch.bfloat16}[x.dtype]
+
+    def to_t(a):
+        return torch.from_numpy(a.astype(np.float32)).to(tdt) if a.dtype == rmsref.bfloat16 \
+            else torch.from_numpy(np.ascontiguousarray(a))
+
+    def to_np(t):
+        return t.detach().float().numpy().astype(x.dtype) if tdt == torch.bfloat16 \
+            else t.detach().numpy()
+
+    xt, dyt, wt = to_t(x), to_t(dy), to_t(w)
+
+    def fwd_bwd(xa, dya):
+        xr = xa.detach().requires_grad_(True)
+        wr = wt.detach().requires_grad_(True)
+        y = F.rms_norm(xr, (n,), wr)
+        y.backward(dya)
+        return y, xr.grad, wr.grad
+
+    def chk_fwd():
+        y = to_np(F.rms_norm(to_t(xv), (n,), wt))
+        return _check_forward(y, y_exact, x.dtype, exact=False, y_exact=y_exact)
+
+    def chk_bwd():
+        _, dx, dw = fwd_bwd(to_t(xv), to_t(dyv))
+        return _check_backward(to_np(dx), to_np(dw), xv, dyv, w, x.dtype, acc=np.float32)
+
+    return [
+        Candidate(f"torch {torch.__version__} F.rms_norm fwd", "fwd",
+                  lambda: F.rms_norm(xt, (n,), wt), fwd_bytes, check=chk_fwd),
+        Candidate(f"torch {torch.__version__} fwd+autograd bwd", "fwd+bwd",
+                  lambda: fwd_bwd(xt, dyt), fwd_bytes + bwd_bytes, check=chk_bwd),
+    ]
+
+
+# ------------------------------------------------------------------------------ measuring
+def measure(cands: list[Candidate], rounds: int, repeats: int) -> None:
+    """Validate every candidate, then time the valid ones, interleaved round by round."""
+    for c in cands:
+        if c.check is not None:
+            try:
+                c.refused = c.check()
+            except Exception as exc:  # a crash is a failed validation, not a benchmark
+                c.refused = f"{type(exc).__name__}: {exc}"
+        if c.refused is None:
+            c.run()  # warm-up (compilation, first touch)
+    for _ in range(rounds):
+        for c in cands:
+            if c.refused is not None:
+                continue
+            best = float("inf")
+            reps = 1 if c.name.startswith("numpy oracle") else repeats
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                c.run()
+                best = min(best, time.perf_counter() - t0)
+            c.times.append(best)
+
+
+def summarise(case: str, cands: list[Candidate]) -> list[dict]:
+    """Per-candidate medians; ratios are per round (same-round copy time), then the median."""
+    copy, copy_new = cands[0], cands[1]
+    by_name = {c.name: c for c in cands}
+    ours_fwd = next(c for c in cands if c.name.startswith("numba rms_norm fwd") and "default"
+                    in c.name)
+    ours_bwd = next(c for c in cands if c.name.startswith("numba rms_norm bwd") and "default"
+                    in c.name)
+    oracle_f, oracle_b = by_name.get("numpy oracle fwd"), by_name.get("numpy oracle bwd")
+    rows = []
+    for c in cands:
+        row = {"case": case, "name": c.name, "kind": c.kind, "refused": c.refused}
+        if c.refused is None and c.times:
+            t = statistics.median(c.times)
+            bw = [copy.nbytes / tc for tc in copy.times]  # B per round
+            pairs = zip(c.times, bw, strict=True)
+            ratio = statistics.median(tt / (c.nbytes / b) for tt, b in pairs)
+            row.update(time_ms=t * 1e3, gbs=c.nbytes / t / 1e9, x_copy=ratio)
+            if copy_new.times:  # the same, against a copy that also allocates its output
+                bw_new = [copy_new.nbytes / tc for tc in copy_new.times]
+                pairs = zip(c.times, bw_new, strict=True)
+                row["x_copy_new"] = statistics.median(tt / (c.nbytes / b) for tt, b in pairs)
+            if c.kind == "fwd" and oracle_f is not None and oracle_f.times and c is ours_fwd:
+                row["vs_oracle"] = statistics.median(oracle_f.times) / t
+            if c.kind == "bwd" and oracle_b is not None and oracle_b.times and c is ours_bwd:
+                row["vs_oracle"] = statistics.median(oracle_b.times) / t
+            if c.name.startswith("torch") and ours_fwd.times and ours_bwd.times:
+                ours = statistics.median(ours_fwd.times) + (
+                    statistics.median(ours_bwd.times) if c.kind == "fwd+bwd" else 0.0)
+                row["speedup_ours"] = t / ours
+        rows.append(row)
+    ln_f = by_name.get("numba layer_norm fwd")
+    ln_b = by_name.get("numba layer_norm bwd")
+    for ours, ln, label in ((ours_fwd, ln_f, "fwd"), (ours_bwd, ln_b, "bwd")):
+        if ln is not None and ln.times and ours.times:
+            rows.append({"case": case, "name": f"RMSNorm/LayerNorm time ratio ({label})",
+                         "kind": "ratio", "refused": None,
+                         "value": statistics.median(ours.times) / statistics.median(ln.times)})
+    return rows
+
+
+def markdown(rows: list[dict], header: str) -> str:
+    lines = [header, "",
+             "| case | candidate | time (ms) | GB/s | x copy | x copy, new array | vs oracle "
+             "| torch / ours |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        if r["kind"] == "ratio":
+            lines.append(f"| {r['case']} | {r['name']} | | | | | | **{r['value']:.2f}** |")
+            continue
+        if r["refused"] is not None:
+            lines.append(f"| {r['case']} | {r['name']} | REFUSED: {r['refused']} | | | | | |")
+            continue
+        if "time_ms" not in r:
+            continue
+        vo = f"{r['vs_oracle']:.1f}x" if "vs_oracle" in r else ""
+        st = f"{r['speedup_ours']:.1f}x" if "speedup_ours" in r else ""
+        xn = f"{r['x_copy_new']:.2f}" if "x_copy_new" in r else ""
+        lines.append(f"| {r['case']} | {r['name']} | {r['time_ms']:.2f} | {r['gbs']:.1f} | "
+                     f"{r['x_copy']:.2f} | {xn} | {vo} | {st} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], path: Path) -> str | None:
+    """GB/s against N for the float32 cases (default kernels and the copy). None when done."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed: no plot (pip install matplotlib)"
+    series: dict[str, list[tuple[int, float]]] = {}
+    for r in rows:
+        if "gbs" not in r or not r["case"].startswith("float32"):
+            continue
+        if not (r["kind"] == "copy" and r["name"].startswith("parallel copy (")
+                or "(default)" in r["name"] or r["name"].startswith("torch")):
+            continue
+        n = int(r["case"].split("x")[-1])
+        series.setdefault(r["name"], []).append((n, r["gbs"]))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, pts in series.items():
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("N (features per row)")
+    ax.set_ylabel("GB/s (bytes formula in bench/cpu.py)")
+    ax.set_title("float32 RMSNorm on CPU, median over rounds")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return None
+
+
+def parse_cases(text: str) -> list[tuple[np.dtype, int, int]]:
+    cases = []
+    for item in text.split(","):
+        try:
+            dname, shape = item.strip().split(":")
+            m, n = (int(v) for v in shape.lower().split("x"))
+            cases.append((FLOAT_DTYPES[dname], m, n))
+        except (ValueError, KeyError):
+            raise SystemExit(f"bad case {item!r}: expected dtype:MxN, e.g. float32:8192x4096, "
+                             f"dtype one of {', '.join(FLOAT_DTYPES)}") from None
+    return cases
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default=None,
+                        help=f"comma list dtype:MxN (default {DEFAULT_CASES})")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median)")
+    parser.add_argument("--repeats", type=int, default=3, help="calls per round (best of)")
+    parser.add_argument("--quick", action="store_true", help=f"{QUICK_CASES}, 1 round, 1 repeat")
+    parser.add_argument("--no-torch", action="store_true", help="skip torch even if installed")
+    parser.add_argument("--no-oracle", action="store_true", help="skip timing the NumPy oracle")
+    parser.add_argument("--out", type=Path, default=RESULTS / "cpu.md", help="markdown table")
+    parser.add_argument("--plot", type=Path, default=RESULTS / "cpu_gbps.png", help="PNG plot")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.cases = args.cases or QUICK_CASES
+        args.rounds, args.repeats = 1, 1
+    cases = parse_cases(args.cases or DEFAULT_CASES)
+    reason = rmsref.backends.why_unavailable("numba_cpu")
+    if reason is not None:
+        print(f"numba_cpu is unavailable: {reason}", file=sys.stderr)
+        return 1
+    with_torch = not args.no_torch
+    if with_torch:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            print("torch not installed: no torch comparison", file=sys.stderr)
+            with_torch = False
+
+    import numba
+
+    rows: list[dict] = []
+    rng = np.random.default_rng(0)
+    for dtype, m, n in cases:
+        name = f"{dtype.name}:{m}x{n}"
+        x = rng.standard_normal((m, n)).astype(dtype)
+        dy = rng.standard_normal((m, n)).astype(dtype)
+        w = rng.standard_normal(n).astype(dtype)
+        cands = build_candidates(x, dy, w, with_torch=with_torch, with_oracle=not args.no_oracle)
+        measure(cands, args.rounds, args.repeats)
+        case_rows = summarise(name, cands)
+        rows.extend(case_rows)
+        print(markdown(case_rows, f"## {name}"), flush=True)
+
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    header = (
+        f"# bench/cpu.py: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+        f"{numba.get_num_threads()} Numba threads ({numba.threading_layer()} layer), "
+        f"numba {numba.__version__}, numpy {np.__version__}\n\n"
+        f"Median of {args.rounds} interleaved rounds (best of {args.repeats} calls each; oracle 1 "
+        f"call). 'x copy': time relative to moving the same bytes at the parallel-copy bandwidth "
+        f"measured in the same round. Load average at the end: {load}."
+    )
+    text = markdown(rows, header)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print(f"wrote {args.out}")
+    why = plot(rows, args.plot)
+    print(why or f"wrote {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,258 @@
+"""bfloat16 / float16 <-> float32 / float64 on 16-bit integer views, inside Numba code.
+
+Numba has no half-precision CPU arrays, so the kernels receive a half array as a 16-bit *integer
+view* of the same memory (``x.view(np.uint16)``: no copy) and convert each element in registers.
+Which half format the bits are in is carried by the view's type, so that Numba compiles one
+specialisation per format and the choice costs nothing at run time:
+
+    float16  -> viewed as np.uint16   (``F16_BITS``)
+    bfloat16 -> viewed as np.int16    (``BF16_BITS``; the sign of the integer type is only a tag)
+
+(A closure over a per-format decoder would read better, but Numba's on-disk cache keys closures by
+a per-process id, so ``cache=True`` would never hit.)
+
+Formats (sign, exponent, stored mantissa bits; bias):
+    float32  1, 8, 23; 127      bfloat16 1, 8, 7; 127      float16 1, 5, 10; 15
+
+Conversions:
+- half -> float32 is exact (every half value is a float32). Payloads of NaNs are kept bit for bit
+  (as NumPy and ml_dtypes do). ``to_f64`` then widens to float64 in hardware, which quiets a
+  signalling NaN (sets its top payload bit): NaN stays NaN with its sign.
+- float32 -> half rounds to nearest, ties to even (RNE). Overflow gives +-inf, tiny values give
+  subnormals or +-0. NaN: float16 keeps the top 10 payload bits (0x7c01 if they are all zero),
+  as NumPy does; bfloat16 gives the canonical quiet NaN with the input's sign, as ml_dtypes does.
+- float64 -> half rounds *once* (RNE of the exact float64 value). Going through float32 with RNE
+  would round twice, which can differ when float32 rounding lands exactly on a half-way point of
+  the half format: 1 + 2^-8 + 2^-30 must give bfloat16 1 + 2^-7, but float32 first rounds it to
+  the tie 1 + 2^-8, which then goes to even, 1. We go through float32 with *round to odd*
+  (truncate, then set the last bit when inexact), which makes the second rounding correct because
+  float32 carries at least two more bits than either half format (Boldo & Melquiond, 2008).
+  Note: ``ml_dtypes`` ``float64 -> bfloat16`` casts round twice (through float32); NumPy's
+  ``float64 -> float16`` rounds once. NaN: as the float32 -> half rules, payload taken from the
+  float64's top payload bits for float16.
+
+``to_f64(v)`` and ``from_f64(v, out)`` are Numba overloads dispatching on the element type
+(float32, float64, F16_BITS, BF16_BITS), so one kernel source serves every dtype.
+
+Caveat of ``cache=True``: Numba checks the timestamp of the cached function's own file only. After
+editing this file, delete ``rmsref/kernels/__pycache__/*.nbi`` / ``*.nbc`` so the kernels rebuild.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, types
+from numba.extending import overload
+
+F16_BITS = np.dtype(np.uint16)
+BF16_BITS = np.dtype(np.int16)
+
+_jit = njit(cache=True, nogil=True)
+
+
+# --------------------------------------------------------------------------------------------
+# half -> float32 (exact)
+# --------------------------------------------------------------------------------------------
+@_jit
+def bf16_bits_to_f32(b):
+    """bfloat16 bits (any 16-bit integer) -> float32: the bits are the top half of a float32."""
+    # int32 rather than uint32 arithmetic: Numba widens mixed/unsigned integer ops to 64 bits,
+    # which halves the vector width; int32 with int32 stays narrow enough to vectorise well.
+    return np.int32(np.int32(b) << np.int32(16)).view(np.float32)
+
+
+@_jit
+def f16_bits_to_f32(b):
+    """float16 bits -> float32, exactly (subnormals normalised, inf/NaN payload kept)."""
+    h = np.uint32(np.uint16(b))
+    sign = (h & np.uint32(0x8000)) << np.uint32(16)
+    e = (h >> np.uint32(10)) & np.uint32(0x1F)
+    m = h & np.uint32(0x3FF)
+    if e == np.uint32(0x1F):  # inf or NaN: all-ones exponent, mantissa moved up 13 bits
+        u = sign | np.uint32(0x7F800000) | (m << np.uint32(13))
+    elif e == np.uint32(0):  # zero or subnormal: value = m * 2^-24, exact in float32
+        f = np.float32(m) * np.float32(5.960464477539063e-08)
+        u = sign | np.uint32(np.float32(f).view(np.uint32))
+    else:  # normal: rebias the exponent 15 -> 127
+        u = sign | ((e + np.uint32(112)) << np.uint32(23)) | (m << np.uint32(13))
+    return np.uint32(u).view(np.float32)
+
+
+# --------------------------------------------------------------------------------------------
+# float32 -> half (round to nearest, ties to even)
+# --------------------------------------------------------------------------------------------
+@_jit
+def f32_to_bf16_bits(v):
+    """float32 -> bfloat16 bits, RNE; NaN -> sign | 0x7fc0 (ml_dtypes' canonical NaN).
+
+    Branch-free (the NaN case is a select) in int32 arithmetic, so that loops over it
+    vectorise; only the low 16 bits of the shifted sums are kept.
+    """
+    u = np.int32(np.float32(v).view(np.int32))
+    # Add just under half an ulp of bfloat16, plus one when the kept lsb is odd (ties to even);
+    # the carry ripples into the exponent, and past the largest finite value into inf.
+    lsb = (u >> np.int32(16)) & np.int32(1)
+    rounded = np.uint16(np.int32(u + np.int32(0x7FFF) + lsb) >> np.int32(16))
+    nan = np.uint16(((u >> np.int32(16)) & np.int32(0x8000)) | np.int32(0x7FC0))
+    return nan if (u & np.int32(0x7FFFFFFF)) > np.int32(0x7F800000) else rounded
+
+
+@_jit
+def f32_to_f16_bits(v):
+    """float32 -> float16 bits, RNE, with float16 subnormals, overflow to inf, NumPy's NaNs."""
+    u = np.float32(v).view(np.uint32)
+    sign = np.uint16((u >> np.uint32(16)) & np.uint32(0x8000))
+    a = u & np.uint32(0x7FFFFFFF)
+    if a > np.uint32(0x7F800000):  # NaN: keep the top payload bits, never turn it into inf
+        m = (a >> np.uint32(13)) & np.uint32(0x3FF)
+        if m == np.uint32(0):
+            m = np.uint32(1)
+        return np.uint16(sign | np.uint16(np.uint32(0x7C00) | m))
+    if a >= np.uint32(0x477FF000):  # >= 65520 = 65504 + half an ulp: the tie goes to even = inf
+        return np.uint16(sign | np.uint16(0x7C00))
+    if a < np.uint32(0x38800000):  # below 2^-14: float16 subnormal or zero, quantum 2^-24
+        r = np.uint32(a).view(np.float32) * np.float32(16777216.0)  # |v| * 2^24, exact, < 1024
+        # rint is RNE; a result of 1024 is exactly the smallest normal's bit pattern
+        return np.uint16(sign | np.uint16(np.rint(r)))
+    # normal: rebias 127 -> 15, then drop 13 bits with RNE (carry may reach the exponent)
+    lsb = (a >> np.uint32(13)) & np.uint32(1)
+    a = a - np.uint32(112 << 23)
+    return np.uint16(sign | np.uint16((a + np.uint32(0xFFF) + lsb) >> np.uint32(13)))
+
+
+# --------------------------------------------------------------------------------------------
+# float64 -> half (one rounding, via float32 with round-to-odd)
+# --------------------------------------------------------------------------------------------
+@_jit
+def f64_to_f32_round_odd(v):
+    """float64 -> float32 rounded to odd: truncate towards zero, set the last bit if inexact.
+
+    Overflow gives the largest finite float32 with its last bit set, which the half conversions
+    then round to inf, as they should; NaN stays NaN. Branch-free int32 arithmetic, so that
+    loops over it vectorise.
+    """
+    t = np.float32(v)  # RNE
+    back = np.float64(t)
+    u = np.int32(t.view(np.int32))
+    u = np.int32(u - np.int32(abs(back) > abs(v)))  # RNE went away from zero: one ulp back
+    return np.int32(u | np.int32(back != v)).view(np.float32)  # the last bit is sticky
+
+
+@_jit
+def f64_to_bf16_bits(v):
+    """float64 -> bfloat16 bits, rounded once (RNE)."""
+    return f32_to_bf16_bits(f64_to_f32_round_odd(v))  # NaN -> canonical NaN, sign kept
+
+
+@_jit
+def f64_to_f16_bits(v):
+    """float64 -> float16 bits, rounded once (RNE); NaN payload as NumPy's double -> half."""
+    if v != v:
+        u = np.float64(v).view(np.uint64)
+        s = np.uint16(0x8000) if u >> np.uint64(63) else np.uint16(0)
+        m = np.uint16((u >> np.uint64(42)) & np.uint64(0x3FF))
+        if m == np.uint16(0):
+            m = np.uint16(1)
+        return np.uint16(s | np.uint16(0x7C00) | m)
+    return f32_to_f16_bits(f64_to_f32_round_odd(v))
+
+
+# --------------------------------------------------------------------------------------------
+# Type-dispatched helpers used by the kernels
+# --------------------------------------------------------------------------------------------
+def to_f64(v):
+    """An element (float32, float64, or half bits tagged by the view type) as float64."""
+    raise NotImplementedError("to_f64 is only callable from Numba-compiled code")
+
+
+def from_f64(v, out):
+    """float64 ``v`` rounded once to the element type of array ``out`` (half: its bits)."""
+    raise NotImplementedError("from_f64 is only callable from Numba-compiled code")
+
+
+@overload(to_f64, jit_options={"nogil": True})
+def _to_f64_impl(v):
+    if isinstance(v, types.Float):
+        return lambda v: np.float64(v)
+    if v == types.uint16:
+        return lambda v: np.float64(f16_bits_to_f32(v))
+    if v == types.int16:
+        return lambda v: np.float64(bf16_bits_to_f32(v))
+    return None
+
+
+@overload(from_f64, jit_options={"nogil": True})
+def _from_f64_impl(v, out):
+    dt = out.dtype
+    if dt == types.float64:
+        return lambda v, out: np.float64(v)
+    if dt == types.float32:
+        return lambda v, out: np.float32(v)  # LLVM fptrunc: RNE, one rounding
+    if dt == types.uint16:
+        return lambda v, out: f64_to_f16_bits(v)
+    if dt == types.int16:
+        return lambda v, out: np.int16(f64_to_bf16_bits(v))
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Array helpers (for tests and for callers outside Numba)
+# --------------------------------------------------------------------------------------------
+@njit(cache=True, nogil=True)
+def _decode_array(bits, out):
+    for i in range(bits.size):
+        out[i] = to_f64(bits[i])
+
+
+@njit(cache=True, nogil=True)
+def _encode_array(values, out):
+    for i in range(values.size):
+        out[i] = from_f64(values[i], out)
+
+
+def decode(bits: np.ndarray) -> np.ndarray:
+    """A 1-D array of float32/float64/F16_BITS/BF16_BITS elements as float64, via ``to_f64``."""
+    out = np.empty(bits.shape, np.float64)
+    _decode_array(np.ascontiguousarray(bits).reshape(-1), out.reshape(-1))
+    return out
+
+
+def encode(values: np.ndarray, bits_dtype: np.dtype) -> np.ndarray:
+    """Round float32/float64 ``values`` once to ``bits_dtype`` via ``from_f64`` (1-D)."""
+    out = np.empty(values.shape, bits_dtype)
+    _encode_array(np.ascontiguousarray(values).reshape(-1), out.reshape(-1))
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _half_to_f32_array(bits, out, bf16):
+    for i in range(bits.size):
+        if bf16:
+            out[i] = bf16_bits_to_f32(bits[i])
+        else:
+            out[i] = f16_bits_to_f32(bits[i])
+
+
+def decode_to_f32(bits: np.ndarray, fmt: str) -> np.ndarray:
+    """``fmt`` ('bfloat16' or 'float16') bits -> float32, exactly (NaN payloads kept)."""
+    out = np.empty(bits.shape, np.float32)
+    b = np.ascontiguousarray(bits).view(np.uint16).reshape(-1)
+    _half_to_f32_array(b, out.reshape(-1), fmt == "bfloat16")
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _f32_to_half_array(values, out, bf16):
+    for i in range(values.size):
+        if bf16:
+            out[i] = f32_to_bf16_bits(values[i])
+        else:
+            out[i] = f32_to_f16_bits(values[i])
+
+
+def encode_from_f32(values: np.ndarray, fmt: str) -> np.ndarray:
+    """float32 ``values`` -> ``fmt`` ('bfloat16' or 'float16') bits as uint16, via the f32 path."""
+    out = np.empty(values.shape, np.uint16)
+    v = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
+    _f32_to_half_array(v, out.reshape(-1), fmt == "bfloat16")
+    return out

@@ -1,0 +1,1210 @@
+r"""Numba-parallel CPU kernels for RMSNorm (and LayerNorm, written the same way for comparison).
+
+``rmsref.backend("numba_cpu")`` is this module: the oracle's function names and signatures
+(DESIGN §2), computed by ``@njit(parallel=True)`` kernels. The math is the oracle's, eqs. (1)-(9)
+of :mod:`rmsref.rmsnorm` and (1)-(11) of :mod:`rmsref.layernorm`; read those first.
+
+Variants (llm.c style: each line says what changed from the previous one)
+-------------------------------------------------------------------------
+RMSNorm forward
+    v1  prange over rows; a serial row loop ``ss += x_j*x_j`` in float64, then a second pass
+        writes y = x·rstd·(offset + w) (+ b). Latency-bound: one dependent float64 add per
+        element, which LLVM may not split or vectorise because fastmath is off (that would
+        reassociate the sum).
+    v2  as v1, but the sum of squares runs in 8 independent partial accumulators (lane j mod 8),
+        combined in a fixed tree ((a0+a1)+(a2+a3))+((a4+a5)+(a6+a7)) and then the tail: the
+        order is fixed by the code, so the bits are too, and the 8 dependency chains overlap in
+        the pipeline. (Numba keeps LLVM's SLP vectoriser off, so the lanes stay scalar; turning
+        it on gave no measurable gain.) (default)
+RMSNorm backward (dx, dweight, dbias; rows grouped into parts of ``ROWS_PER_PART``)
+    v1  prange over parts of 64 rows; per row a serial ``s += dxhat_j*x_j`` pass, then a pass
+        writing dx and adding dy·xhat (and dy) into the part's float64 partial row; the partial
+        rows are then summed over parts in order 0, 1, 2, ...
+    v2  as v1, but the row reductions (sum of squares when rstd is recomputed, Σ dxhat·x) use
+        the 8-lane accumulators of forward v2. (default)
+Fused residual add (add_rms_norm forward/backward) and LayerNorm forward/backward are written
+like v2 only. LayerNorm forward: Σx (8 lanes) -> mu; then (Σd, Σd²) with d = x − mu in one pass
+(the corrected two-pass variance, which is also the oracle's "refine mu once") -> write.
+
+Numerical contract
+------------------
+- Accumulation in float64 for every input dtype; outputs rounded once to the output dtype with
+  round-to-nearest-even (float64 -> bfloat16 without double rounding, see ``_halfbits``), i.e.
+  the ``torch`` convention of DESIGN §4 with a float64 statistic. The y/dx formulas are the
+  oracle's but with x·rstd for x/sqrt(ms + eps): float32 outputs agree with the oracle rounded
+  to float32 except for rare last-bit ties (tests: >= 99.9 % equal, rest within 1 ulp).
+- Saved statistics: rstd (and LayerNorm's mean) in float32 for float16/bfloat16 inputs (what
+  torch saves), float64 for float32 and float64 inputs. For float32 that is a choice: the value
+  is computed in float64 anyway and costs 8 bytes per row, and a float64 rstd lets the backward
+  reuse the forward's exact statistic. The backward uses a given rstd as is; without one it
+  recomputes it with the forward's code (same bits as the forward's float64 value).
+- Overflow: float32 and half inputs cannot overflow or underflow a float64 sum of squares
+  (3.4e38² · N and (1.4e-45)² are representable). For float64 inputs RMSNorm (forward, backward
+  without a saved rstd, and the fused residual kernels) takes the oracle's route only for rows
+  that need it: when Σx² is not in [2^-900, 2^1000] the row is recomputed scaled by 2^-k, k the
+  exponent of its largest |x| (exact), with eps scaled by 2^-2k — so rows near 1e300 or 1e-300
+  give the oracle's finite results; the common row pays one comparison. A backward given a saved
+  rstd uses it unscaled (as the oracle does). LayerNorm kernels are not overflow-safe for float64
+  rows beyond ~1e150 (a comparison kernel, documented and tested as such).
+- Determinism and batch invariance: prange runs over rows (forward) or fixed parts of
+  ``ROWS_PER_PART`` rows (backward); every reduction inside a row is serial in a fixed order and
+  ``fastmath`` is off, so no step depends on the thread count, on the other rows of the batch,
+  or on the memory layout (contiguous and strided inputs run the same operations). dweight/dbias:
+  float64 partial rows per part, summed over parts in index order; the parts are fixed by the
+  row index, so the result does not depend on the thread count, and appending rows with dy = 0
+  leaves it unchanged bit for bit.
+- Layouts: any leading shape is seen as (B, R, N) rows, which is a view for contiguous inputs,
+  strided rows or columns, negative strides and a batch with two leading dims in any order
+  (transposed); the kernels walk the strides. Only a layout that cannot be expressed this way
+  (three or more non-mergeable leading groups, or permuted normalised dims) is copied first.
+- Half precision: float16/bfloat16 arrays are passed as 16-bit integer views (no copy) and
+  converted per element in registers (``_halfbits``). Complex inputs are not supported here
+  (use the oracle).
+- Threads: kernels are ``nogil``; two Python threads may call them at once. Numba's "workqueue"
+  threading layer cannot run two parallel regions at once, so when it is the active layer the
+  launches are serialised with a lock (the default here is OpenMP/TBB, which need none).
+- Speed (bench/cpu.py, table in bench/results/cpu.md; 2 cores shared with other jobs, so
+  noisy): float32 forward 0.83-1.22x the time of a parallel copy into a new array (which every
+  call returning a new array pays), 1.12-2.01x a copy into a preallocated one; backward
+  1.32-1.90x and 1.78-3.05x; 12-16x faster than the NumPy oracle, 7.4-8.6x faster than torch
+  2.13 CPU F.rms_norm forward and 8.9-11.7x than its forward+autograd backward. The loops are
+  compute-bound (scalar float64 conversion and accumulation per element); half-precision
+  conversions cost most (bfloat16 ~4.6-4.9x a new-array copy). The DESIGN §7 targets (against
+  the preallocated copy) are not met yet.
+- Compilation: lazy (first call per dtype and layout), ``cache=True`` (on-disk cache next to this
+  file). Measured: ~4 s for a forward and ~7 s for a backward per dtype cold, 0.02-0.04 s from
+  the cache (plus ~0.8 s once per process to load Numba's runtime). After editing
+  ``_halfbits.py`` clear ``__pycache__/*.nb[ic]`` (Numba checks only the timestamp of the file
+  holding the cached function).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from numba import njit, prange
+
+from rmsref._rounding import round_to
+from rmsref._shapes import (
+    ShapeLike,
+    as_array,
+    bfloat16,
+    check_input,
+    check_rstd,
+    check_same_shape,
+    normalize_shape,
+    resolve_eps,
+    resolve_out_dtype,
+    resolve_partial,
+    stat_shape,
+)
+from rmsref.kernels._halfbits import BF16_BITS, F16_BITS, from_f64, to_f64
+from rmsref.layernorm import LayerNormGrads
+from rmsref.rmsnorm import AddRMSNormGrads, RMSNormGrads
+
+__all__ = [
+    "ROWS_PER_PART",
+    "VARIANTS",
+    "add_rms_norm",
+    "add_rms_norm_backward",
+    "add_rms_norm_forward",
+    "layer_norm",
+    "layer_norm_backward",
+    "layer_norm_forward",
+    "rms_norm",
+    "rms_norm_backward",
+    "rms_norm_forward",
+    "variant",
+]
+
+#: Rows per part of the dweight/dbias reduction. Fixed, so the partition (and the bits) do not
+#: depend on the thread count; 64 rows give >= 16 parts for a 1000-row batch (work for every
+#: core) while the float64 partial rows stay a few % of the bytes the backward moves.
+ROWS_PER_PART = 64
+
+#: Σx² outside [SS_LO, SS_HI] sends a float64 row to the scaled (overflow-safe) path.
+SS_LO = 2.0**-900
+SS_HI = 2.0**1000
+#: As the oracle (rmsref._sumsq.SAFE_EXPONENT): rows whose max |x| has a binary exponent within
+#: +-SAFE_EXPONENT are never scaled.
+SAFE_EXPONENT = 450
+
+_PAR = {"parallel": True, "nogil": True, "cache": True}  # fastmath stays off (the default)
+#: Row helpers are inlined into the kernels at the Numba IR level (see the note above them).
+_INL = {"inline": "always", "nogil": True}
+
+_HALF_VIEWS = {np.dtype(np.float16): F16_BITS, bfloat16: BF16_BITS}
+_FLOAT_DTYPES = (np.dtype(np.float16), bfloat16, np.dtype(np.float32), np.dtype(np.float64))
+
+
+# ============================================================================================
+# Row helpers (serial, fixed order). A row is (b, i) of a (B, R, N) array and is indexed in
+# place: the helpers are inlined into the kernels (inline="always"), so no per-row slice objects
+# are made (their atomic reference counts, shared by all threads, cost microseconds per row).
+# w, bias: float64 (N,) rows (offset already added to w).
+# ============================================================================================
+@njit(**_INL)
+def _sumsq_v1(x3, b, i, k):
+    """Σ_{j<k} x_j² with one accumulator (v1)."""
+    ss = 0.0
+    for j in range(k):
+        v = to_f64(x3[b, i, j])
+        ss += v * v
+    return ss
+
+
+@njit(**_INL)
+def _sumsq_v2(x3, b, i, k):
+    """Σ_{j<k} x_j² in 8 independent lanes, combined in a fixed tree, then the tail (v2)."""
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
+    k8 = k - k % 8
+    for j in range(0, k8, 8):
+        v0 = to_f64(x3[b, i, j])
+        v1 = to_f64(x3[b, i, j + 1])
+        v2 = to_f64(x3[b, i, j + 2])
+        v3 = to_f64(x3[b, i, j + 3])
+        v4 = to_f64(x3[b, i, j + 4])
+        v5 = to_f64(x3[b, i, j + 5])
+        v6 = to_f64(x3[b, i, j + 6])
+        v7 = to_f64(x3[b, i, j + 7])
+        a0 += v0 * v0
+        a1 += v1 * v1
+        a2 += v2 * v2
+        a3 += v3 * v3
+        a4 += v4 * v4
+        a5 += v5 * v5
+        a6 += v6 * v6
+        a7 += v7 * v7
+    ss = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
+    for j in range(k8, k):
+        v = to_f64(x3[b, i, j])
+        ss += v * v
+    return ss
+
+
+@njit(**_INL)
+def _scaled(v, k):
+    """v·2^-k, exact (k = 0 in the common case costs a compare)."""
+    return v if k == 0 else math.ldexp(v, -k)
+
+
+@njit(**_INL)
+def _dot_v1(g3, x3, b, i, w, n, k):
+    """Σ_j dxhat_j·x_j·2^-k, dxhat = g·w, one accumulator (v1); k = 0 unless a scaled row."""
+    s = 0.0
+    for j in range(n):
+        s += (to_f64(g3[b, i, j]) * w[j]) * _scaled(to_f64(x3[b, i, j]), k)
+    return s
+
+
+@njit(**_INL)
+def _dot_v2(g3, x3, b, i, w, n, k):
+    """Σ_j dxhat_j·x_j in 8 lanes, as ``_sumsq_v2`` (v2)."""
+    if k != 0:  # a scaled float64 row: rare, keep it simple
+        return _dot_v1(g3, x3, b, i, w, n, k)
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
+    n8 = n - n % 8
+    for j in range(0, n8, 8):
+        a0 += (to_f64(g3[b, i, j]) * w[j]) * to_f64(x3[b, i, j])
+        a1 += (to_f64(g3[b, i, j + 1]) * w[j + 1]) * to_f64(x3[b, i, j + 1])
+        a2 += (to_f64(g3[b, i, j + 2]) * w[j + 2]) * to_f64(x3[b, i, j + 2])
+        a3 += (to_f64(g3[b, i, j + 3]) * w[j + 3]) * to_f64(x3[b, i, j + 3])
+        a4 += (to_f64(g3[b, i, j + 4]) * w[j + 4]) * to_f64(x3[b, i, j + 4])
+        a5 += (to_f64(g3[b, i, j + 5]) * w[j + 5]) * to_f64(x3[b, i, j + 5])
+        a6 += (to_f64(g3[b, i, j + 6]) * w[j + 6]) * to_f64(x3[b, i, j + 6])
+        a7 += (to_f64(g3[b, i, j + 7]) * w[j + 7]) * to_f64(x3[b, i, j + 7])
+    s = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
+    for j in range(n8, n):
+        s += (to_f64(g3[b, i, j]) * w[j]) * to_f64(x3[b, i, j])
+    return s
+
+
+@njit(**_INL)
+def _scale_exponent(amax, eps):
+    """k with 2^-k·x safe to square (as rmsref._sumsq.row_exponents), 0 when none is needed."""
+    k = 0
+    if amax == amax and amax != math.inf and amax != 0.0:
+        e = math.frexp(amax)[1]
+        if abs(e) > SAFE_EXPONENT:
+            k = e
+    if eps != 0.0:
+        k = max(k, int(math.ceil((math.log2(abs(eps)) - 1000.0) / 2.0)))
+    return k
+
+
+@njit(**_INL)
+def _rstd_from_sumsq(ss, x3, b, i, kf, eps):
+    """(rstd_s, k) of a row from its Σ_{j<kf} x_j²: rstd = rstd_s·2^-k, xhat = (x·2^-k)·rstd_s.
+
+    Eqs. (1)-(2). A row whose Σx² left [SS_LO, SS_HI] (float64 inputs near the ends of the
+    exponent range; also zero/NaN/inf rows, which end with k = 0) is redone scaled by 2^-k.
+    """
+    if SS_LO <= ss <= SS_HI:
+        return 1.0 / math.sqrt(ss / kf + eps), 0
+    return _rstd_scaled(ss, x3, b, i, kf, eps)
+
+
+@njit(nogil=True, cache=True)
+def _rstd_scaled(ss, x3, b, i, kf, eps):
+    """The rare path of ``_rstd_from_sumsq`` (not inlined: it would only bloat every kernel)."""
+    amax = 0.0
+    for j in range(x3.shape[2]):
+        a = abs(to_f64(x3[b, i, j]))
+        if not a <= amax:  # NaN gets through too, so a NaN row keeps k = 0
+            amax = a
+    k = _scale_exponent(amax, eps)
+    if k == 0:
+        return 1.0 / math.sqrt(ss / kf + eps), 0
+    ss_s = 0.0
+    for j in range(kf):
+        v = math.ldexp(to_f64(x3[b, i, j]), -k)
+        ss_s += v * v
+    return 1.0 / math.sqrt(ss_s / kf + math.ldexp(eps, -2 * k)), k
+
+
+@njit(**_INL)
+def _rms_write(x3, b, i, w, bias, has_bias, y3, rstd_s, k):
+    """y_j = (x_j·rstd)·w'_j (+ b_j), rounded once. Eqs. (3)-(4). Unswitched by hand so the
+    common loop has no per-element branch."""
+    n = x3.shape[2]
+    if k == 0 and not has_bias:
+        for j in range(n):
+            y3[b, i, j] = from_f64(to_f64(x3[b, i, j]) * rstd_s * w[j], y3)
+    elif k == 0:
+        for j in range(n):
+            y3[b, i, j] = from_f64(to_f64(x3[b, i, j]) * rstd_s * w[j] + bias[j], y3)
+    else:
+        for j in range(n):
+            v = math.ldexp(to_f64(x3[b, i, j]), -k) * rstd_s * w[j]
+            y3[b, i, j] = from_f64(v + bias[j] if has_bias else v, y3)
+
+
+# ============================================================================================
+# RMSNorm forward kernels. x3, y3: (B, R, N); rstd_out: (M,) float32/float64.
+# ============================================================================================
+@njit(**_PAR)
+def _rms_fwd_v1(x3, w, bias, has_bias, kf, eps, y3, rstd_out):
+    nr = x3.shape[1]
+    for r in prange(x3.shape[0] * nr):
+        b, i = r // nr, r % nr
+        ss = _sumsq_v1(x3, b, i, kf)  # (1) Σx², one accumulator
+        rstd_s, k = _rstd_from_sumsq(ss, x3, b, i, kf, eps)  # (2)
+        rstd_out[r] = math.ldexp(rstd_s, -k)
+        _rms_write(x3, b, i, w, bias, has_bias, y3, rstd_s, k)  # (3)-(4)
+
+
+@njit(**_PAR)
+def _rms_fwd_v2(x3, w, bias, has_bias, kf, eps, y3, rstd_out):
+    nr = x3.shape[1]
+    for r in prange(x3.shape[0] * nr):
+        b, i = r // nr, r % nr
+        ss = _sumsq_v2(x3, b, i, kf)  # (1) Σx², 8 lanes
+        rstd_s, k = _rstd_from_sumsq(ss, x3, b, i, kf, eps)  # (2)
+        rstd_out[r] = math.ldexp(rstd_s, -k)
+        _rms_write(x3, b, i, w, bias, has_bias, y3, rstd_s, k)  # (3)-(4)
+
+
+# ============================================================================================
+# RMSNorm backward. dy3, x3, dx3: (B, R, N); rstd_in: (M,) float64 (unused unless has_rstd);
+# dw_parts, db_parts: (P, N) float64 partial rows, P = ceil(M / ROWS_PER_PART).
+# ============================================================================================
+@njit(**_INL)
+def _zero_part(parts, p):
+    for j in range(parts.shape[1]):
+        parts[p, j] = 0.0
+
+
+@njit(**_INL)
+def _rms_bwd_row(g3, x3, b, i, w, kf, rstd_s, k, s, dx3, want_dw, want_db, dw_parts, db_parts,
+                 p):
+    """dx of one row and its contribution to the part's dweight/dbias rows, given
+    s = Σ dxhat·x·2^-k. Eqs. (5)-(9)."""
+    n = x3.shape[2]
+    c = s * rstd_s / kf  # (6) c = (1/K) Σ dxhat·xhat, with xhat = (x·2^-k)·rstd_s
+    if k == 0 and kf == n:
+        # The common row, unswitched by hand: no per-element scaling test or K test, so the loop
+        # vectorises (with them: 4.4x instead of 2.5x the copy time at 65536x512 in one loaded
+        # run). Same operations as the general loop below, so the same bits.
+        for j in range(n):
+            g = to_f64(g3[b, i, j])
+            xhat = to_f64(x3[b, i, j]) * rstd_s  # (3)
+            dx3[b, i, j] = from_f64(rstd_s * (g * w[j] - xhat * c), dx3)  # (5), (7)
+            if want_dw:
+                dw_parts[p, j] += g * xhat  # (8), this part's partial row
+            if want_db:
+                db_parts[p, j] += g  # (9)
+        return
+    rstd = math.ldexp(rstd_s, -k)
+    for j in range(n):
+        g = to_f64(g3[b, i, j])
+        xhat = _scaled(to_f64(x3[b, i, j]), k) * rstd_s  # (3)
+        dxhat = g * w[j]  # (5)
+        proj = xhat * c if j < kf else 0.0  # the path through rstd (none past K)
+        dx3[b, i, j] = from_f64(rstd * (dxhat - proj), dx3)  # (7) direct term − projection
+        if want_dw:
+            dw_parts[p, j] += g * xhat  # (8)
+        if want_db:
+            db_parts[p, j] += g  # (9)
+
+
+@njit(**_PAR)
+def _rms_bwd_v1(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, dw_parts,
+                db_parts):
+    nr = x3.shape[1]
+    m = x3.shape[0] * nr
+    for p in prange(dw_parts.shape[0]):
+        _zero_part(dw_parts, p)
+        _zero_part(db_parts, p)
+        for r in range(p * ROWS_PER_PART, min(m, (p + 1) * ROWS_PER_PART)):
+            b, i = r // nr, r % nr
+            if has_rstd:
+                rstd_s, k = rstd_in[r], 0
+            else:  # (1)-(2) recomputed
+                rstd_s, k = _rstd_from_sumsq(_sumsq_v1(x3, b, i, kf), x3, b, i, kf, eps)
+            s = _dot_v1(dy3, x3, b, i, w, x3.shape[2], k)
+            _rms_bwd_row(dy3, x3, b, i, w, kf, rstd_s, k, s, dx3, want_dw, want_db, dw_parts,
+                         db_parts, p)
+
+
+@njit(**_PAR)
+def _rms_bwd_v2(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, dw_parts,
+                db_parts):
+    nr = x3.shape[1]
+    m = x3.shape[0] * nr
+    for p in prange(dw_parts.shape[0]):
+        _zero_part(dw_parts, p)
+        _zero_part(db_parts, p)
+        for r in range(p * ROWS_PER_PART, min(m, (p + 1) * ROWS_PER_PART)):
+            b, i = r // nr, r % nr
+            if has_rstd:
+                rstd_s, k = rstd_in[r], 0
+            else:  # (1)-(2) recomputed with the forward's code
+                rstd_s, k = _rstd_from_sumsq(_sumsq_v2(x3, b, i, kf), x3, b, i, kf, eps)
+            s = _dot_v2(dy3, x3, b, i, w, x3.shape[2], k)
+            _rms_bwd_row(dy3, x3, b, i, w, kf, rstd_s, k, s, dx3, want_dw, want_db, dw_parts,
+                         db_parts, p)
+
+
+@njit(nogil=True, cache=True)
+def _sum_parts(parts, out):
+    """out_j = Σ_p parts[p, j] for p = 0, 1, 2, ... in order (serial: P·N adds, a few ms at
+    most, and a serial loop compiles in a fraction of a parallel one's time)."""
+    nparts, n = parts.shape
+    for j in range(n):
+        out[j] = 0.0
+    for p in range(nparts):
+        for j in range(n):
+            out[j] += parts[p, j]
+
+
+# ============================================================================================
+# Fused residual add + RMSNorm. h = x + residual in float64 ("fp32-sum": never rounded before
+# the statistic) or rounded to x's dtype first ("rounded-sum").
+# ============================================================================================
+@njit(**_INL)
+def _h(x3, r3, b, i, j, rounded):
+    h = to_f64(x3[b, i, j]) + to_f64(r3[b, i, j])
+    if rounded:
+        h = to_f64(from_f64(h, x3))  # R_x(x + r), back to float64 exactly
+    return h
+
+
+@njit(**_INL)
+def _add_stats(x3, r3, b, i, rounded, eps, res3, store_res):
+    """Σh² in 8 lanes, storing new_residual = R_res(h) on the way when asked -> (rstd_s, k)."""
+    n = x3.shape[2]
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
+    n8 = n - n % 8
+    for j0 in range(0, n8, 8):
+        h0 = _h(x3, r3, b, i, j0, rounded)
+        h1 = _h(x3, r3, b, i, j0 + 1, rounded)
+        h2 = _h(x3, r3, b, i, j0 + 2, rounded)
+        h3 = _h(x3, r3, b, i, j0 + 3, rounded)
+        h4 = _h(x3, r3, b, i, j0 + 4, rounded)
+        h5 = _h(x3, r3, b, i, j0 + 5, rounded)
+        h6 = _h(x3, r3, b, i, j0 + 6, rounded)
+        h7 = _h(x3, r3, b, i, j0 + 7, rounded)
+        if store_res:
+            res3[b, i, j0] = from_f64(h0, res3)
+            res3[b, i, j0 + 1] = from_f64(h1, res3)
+            res3[b, i, j0 + 2] = from_f64(h2, res3)
+            res3[b, i, j0 + 3] = from_f64(h3, res3)
+            res3[b, i, j0 + 4] = from_f64(h4, res3)
+            res3[b, i, j0 + 5] = from_f64(h5, res3)
+            res3[b, i, j0 + 6] = from_f64(h6, res3)
+            res3[b, i, j0 + 7] = from_f64(h7, res3)
+        a0 += h0 * h0
+        a1 += h1 * h1
+        a2 += h2 * h2
+        a3 += h3 * h3
+        a4 += h4 * h4
+        a5 += h5 * h5
+        a6 += h6 * h6
+        a7 += h7 * h7
+    ss = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
+    for j in range(n8, n):
+        h = _h(x3, r3, b, i, j, rounded)
+        if store_res:
+            res3[b, i, j] = from_f64(h, res3)
+        ss += h * h
+    if SS_LO <= ss <= SS_HI:
+        return 1.0 / math.sqrt(ss / n + eps), 0
+    return _add_rstd_scaled(ss, x3, r3, b, i, rounded, eps)
+
+
+@njit(nogil=True, cache=True)
+def _add_rstd_scaled(ss, x3, r3, b, i, rounded, eps):
+    """The scaled path of ``_rstd_from_sumsq``, on h (rare, not inlined)."""
+    n = x3.shape[2]
+    amax = 0.0
+    for j in range(n):
+        a = abs(_h(x3, r3, b, i, j, rounded))
+        if not a <= amax:
+            amax = a
+    k = _scale_exponent(amax, eps)
+    if k == 0:
+        return 1.0 / math.sqrt(ss / n + eps), 0
+    ss_s = 0.0
+    for j in range(n):
+        v = math.ldexp(_h(x3, r3, b, i, j, rounded), -k)
+        ss_s += v * v
+    return 1.0 / math.sqrt(ss_s / n + math.ldexp(eps, -2 * k)), k
+
+
+@njit(**_PAR)
+def _add_rms_fwd(x3, r3, rounded, w, eps, y3, res3, rstd_out):
+    nr = x3.shape[1]
+    for r in prange(x3.shape[0] * nr):
+        b, i = r // nr, r % nr
+        rstd_s, k = _add_stats(x3, r3, b, i, rounded, eps, res3, True)  # (1)-(2) on h
+        rstd_out[r] = math.ldexp(rstd_s, -k)
+        for j in range(x3.shape[2]):
+            y3[b, i, j] = from_f64(_scaled(_h(x3, r3, b, i, j, rounded), k) * rstd_s * w[j], y3)
+
+
+@njit(**_PAR)
+def _add_rms_bwd(dy3, dro3, has_dro, x3, r3, rounded, w, eps, has_rstd, rstd_in, dx3, dr3,
+                 want_dw, dw_parts):
+    nr = x3.shape[1]
+    m = x3.shape[0] * nr
+    n = x3.shape[2]
+    for p in prange(dw_parts.shape[0]):
+        _zero_part(dw_parts, p)
+        for r in range(p * ROWS_PER_PART, min(m, (p + 1) * ROWS_PER_PART)):
+            b, i = r // nr, r % nr
+            if has_rstd:
+                rstd_s, k = rstd_in[r], 0
+            else:
+                rstd_s, k = _add_stats(x3, r3, b, i, rounded, eps, dr3, False)
+            s = 0.0
+            for j in range(n):  # Σ dxhat·h·2^-k (one lane: the fused backward is not benched)
+                s += (to_f64(dy3[b, i, j]) * w[j]) * _scaled(_h(x3, r3, b, i, j, rounded), k)
+            c = s * rstd_s / n  # (6)
+            rstd = math.ldexp(rstd_s, -k)
+            for j in range(n):
+                g = to_f64(dy3[b, i, j])
+                hhat = _scaled(_h(x3, r3, b, i, j, rounded), k) * rstd_s
+                dh = rstd * (g * w[j] - hhat * c)  # (7) on h
+                if has_dro:
+                    dh += to_f64(dro3[b, i, j])  # h also feeds new_residual
+                dx3[b, i, j] = from_f64(dh, dx3)
+                dr3[b, i, j] = from_f64(dh, dr3)
+                if want_dw:
+                    dw_parts[p, j] += g * hhat  # (8)
+
+
+# ============================================================================================
+# LayerNorm, written like RMSNorm v2 (for the RMSNorm/LayerNorm comparison)
+# ============================================================================================
+@njit(**_INL)
+def _ln_stats(x3, b, i, eps):
+    """(mu, rstd): Σx in 8 lanes -> mu; (Σd, Σd²), d = x − mu, in 4+4 lanes; then
+    var = (Σd² − (Σd)²/N)/N, the corrected two-pass formula (= the oracle's refined mu)."""
+    n = x3.shape[2]
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
+    n8 = n - n % 8
+    for j in range(0, n8, 8):
+        a0 += to_f64(x3[b, i, j])
+        a1 += to_f64(x3[b, i, j + 1])
+        a2 += to_f64(x3[b, i, j + 2])
+        a3 += to_f64(x3[b, i, j + 3])
+        a4 += to_f64(x3[b, i, j + 4])
+        a5 += to_f64(x3[b, i, j + 5])
+        a6 += to_f64(x3[b, i, j + 6])
+        a7 += to_f64(x3[b, i, j + 7])
+    s = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
+    for j in range(n8, n):
+        s += to_f64(x3[b, i, j])
+    mu = s / n  # (1)
+    a0 = a1 = a2 = a3 = 0.0
+    q0 = q1 = q2 = q3 = 0.0
+    n4 = n - n % 4
+    for j in range(0, n4, 4):
+        d0 = to_f64(x3[b, i, j]) - mu
+        d1 = to_f64(x3[b, i, j + 1]) - mu
+        d2 = to_f64(x3[b, i, j + 2]) - mu
+        d3 = to_f64(x3[b, i, j + 3]) - mu
+        a0 += d0
+        a1 += d1
+        a2 += d2
+        a3 += d3
+        q0 += d0 * d0
+        q1 += d1 * d1
+        q2 += d2 * d2
+        q3 += d3 * d3
+    sd = (a0 + a1) + (a2 + a3)
+    sq = (q0 + q1) + (q2 + q3)
+    for j in range(n4, n):
+        d = to_f64(x3[b, i, j]) - mu
+        sd += d
+        sq += d * d
+    mu_refined = mu + sd / n
+    var = (sq - sd * (sd / n)) / n  # (3) biased variance about the refined mean
+    return mu_refined, 1.0 / math.sqrt(var + eps)  # (4)
+
+
+@njit(**_PAR)
+def _ln_fwd(x3, w, bias, has_bias, eps, y3, mean_out, rstd_out):
+    nr = x3.shape[1]
+    for r in prange(x3.shape[0] * nr):
+        b, i = r // nr, r % nr
+        mu, rstd = _ln_stats(x3, b, i, eps)
+        mean_out[r] = mu
+        rstd_out[r] = rstd
+        if has_bias:
+            for j in range(x3.shape[2]):
+                y3[b, i, j] = from_f64((to_f64(x3[b, i, j]) - mu) * rstd * w[j] + bias[j], y3)
+        else:
+            for j in range(x3.shape[2]):
+                y3[b, i, j] = from_f64((to_f64(x3[b, i, j]) - mu) * rstd * w[j], y3)  # (5)-(6)
+
+
+@njit(**_PAR)
+def _ln_bwd(dy3, x3, w, eps, has_stats, mean_in, rstd_in, dx3, want_dw, want_db, dw_parts,
+            db_parts):
+    nr = x3.shape[1]
+    m = x3.shape[0] * nr
+    n = x3.shape[2]
+    for p in prange(dw_parts.shape[0]):
+        _zero_part(dw_parts, p)
+        _zero_part(db_parts, p)
+        for r in range(p * ROWS_PER_PART, min(m, (p + 1) * ROWS_PER_PART)):
+            b, i = r // nr, r % nr
+            if has_stats:
+                mu, rstd = mean_in[r], rstd_in[r]
+            else:
+                mu, rstd = _ln_stats(x3, b, i, eps)
+            a0 = a1 = a2 = a3 = 0.0  # (8)-(9): Σ dxhat and Σ dxhat·(x − mu), 4+4 lanes
+            q0 = q1 = q2 = q3 = 0.0
+            n4 = n - n % 4
+            for j in range(0, n4, 4):
+                e0 = to_f64(dy3[b, i, j]) * w[j]
+                e1 = to_f64(dy3[b, i, j + 1]) * w[j + 1]
+                e2 = to_f64(dy3[b, i, j + 2]) * w[j + 2]
+                e3 = to_f64(dy3[b, i, j + 3]) * w[j + 3]
+                a0 += e0
+                a1 += e1
+                a2 += e2
+                a3 += e3
+                q0 += e0 * (to_f64(x3[b, i, j]) - mu)
+                q1 += e1 * (to_f64(x3[b, i, j + 1]) - mu)
+                q2 += e2 * (to_f64(x3[b, i, j + 2]) - mu)
+                q3 += e3 * (to_f64(x3[b, i, j + 3]) - mu)
+            s1 = (a0 + a1) + (a2 + a3)
+            s2 = (q0 + q1) + (q2 + q3)
+            for j in range(n4, n):
+                e = to_f64(dy3[b, i, j]) * w[j]
+                s1 += e
+                s2 += e * (to_f64(x3[b, i, j]) - mu)
+            c1 = s1 / n  # (8)
+            c2 = s2 * rstd / n  # (9)
+            for j in range(n):
+                g = to_f64(dy3[b, i, j])
+                xhat = (to_f64(x3[b, i, j]) - mu) * rstd  # (5)
+                dx3[b, i, j] = from_f64(rstd * (g * w[j] - c1 - xhat * c2), dx3)  # (10)
+                if want_dw:
+                    dw_parts[p, j] += g * xhat  # (11)
+                if want_db:
+                    db_parts[p, j] += g
+
+
+# ============================================================================================
+# Python side: validation (rmsref._shapes), layouts, dtypes, launching
+# ============================================================================================
+class _Launcher:
+    """Runs a parallel kernel; serialises launches only under Numba's workqueue layer."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._checked = False
+        self._serialise = True  # until the first launch tells us the threading layer
+
+    def __call__(self, kernel: Callable[..., Any], *args: Any) -> None:
+        if self._serialise:
+            with self._lock:
+                kernel(*args)
+                if not self._checked:
+                    import numba
+
+                    self._serialise = numba.threading_layer() == "workqueue"
+                    self._checked = True
+        else:
+            kernel(*args)
+
+
+_launch = _Launcher()
+
+
+def _check_real(a: np.ndarray, name: str) -> None:
+    if a.dtype not in _FLOAT_DTYPES:
+        raise TypeError(
+            f"{name} has dtype {a.dtype}; the numba_cpu backend computes float16, bfloat16, "
+            "float32 and float64 (use the NumPy oracle, rmsref.rms_norm, for complex inputs)"
+        )
+
+
+def _prepare(x: Any, normalized_shape: ShapeLike, name: str = "input"):
+    arr = as_array(x, name)
+    shape = normalize_shape(normalized_shape)
+    check_input(arr, shape, name)
+    _check_real(arr, name)
+    return arr, shape
+
+
+def _other(a: Any, name: str, x: np.ndarray) -> np.ndarray:
+    arr = as_array(a, name)
+    check_same_shape(arr, x, name)
+    _check_real(arr, name)
+    return arr
+
+
+def _param_f64(p: Any, name: str, shape: tuple[int, ...]) -> np.ndarray | None:
+    """A per-feature parameter as a contiguous float64 (N,) row (O(N), so a copy is fine)."""
+    if p is None:
+        return None
+    arr = as_array(p, name)
+    if tuple(arr.shape) != shape:
+        raise ValueError(f"{name} has shape {tuple(arr.shape)} but normalized_shape is {shape}")
+    _check_real(arr, name)
+    return np.ascontiguousarray(arr, dtype=np.float64).reshape(-1)
+
+
+def _weight_row(weight: np.ndarray | None, offset: float, n: int) -> np.ndarray:
+    """offset + w as float64 (N,); ones (times 1 + offset) without a weight, as the oracle."""
+    if weight is None:
+        return np.full(n, 1.0 + float(offset))
+    return weight + float(offset) if offset else weight
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    """The array the kernels see: itself, or a 16-bit integer view for half types (no copy)."""
+    view = _HALF_VIEWS.get(a.dtype)
+    return a if view is None else a.view(view)
+
+
+def _reshape_view(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
+    """``a`` reshaped without copying, or None when its strides do not allow it."""
+    try:
+        return a.reshape(shape, copy=False)
+    except ValueError:
+        return None
+    except TypeError:  # NumPy < 2.1 has no copy=; setting .shape refuses to copy
+        v = a.view()
+        try:
+            v.shape = shape
+        except AttributeError:
+            return None
+        return v
+
+
+def _rows3(arrays: list[np.ndarray], k: int) -> list[np.ndarray]:
+    """(B, R, N) views of same-shaped arrays, one split (B, R) of the leading dims for all.
+
+    Row r = b·R + i is row r of the C-order flattening of the leading dims. A contiguous array
+    takes any split; strided rows/columns and two transposed leading dims find one; otherwise
+    (rare) the arrays are copied to C order.
+    """
+    lead = arrays[0].shape[: arrays[0].ndim - k]
+    n = int(np.prod(arrays[0].shape[arrays[0].ndim - k :]))
+    flat = []
+    for a in arrays:
+        f = _reshape_view(a, lead + (n,))
+        flat.append(np.ascontiguousarray(a).reshape(lead + (n,)) if f is None else f)
+    for cut in range(len(lead) + 1):
+        split = (int(np.prod(lead[:cut])), int(np.prod(lead[cut:])), n)
+        views = [_reshape_view(f, split) for f in flat]
+        if all(v is not None for v in views):
+            return views  # type: ignore[return-value]
+    m = int(np.prod(lead))
+    return [np.ascontiguousarray(f).reshape(1, m, n) for f in flat]
+
+
+def _stat_dtype(dtype: np.dtype) -> np.dtype:
+    """Saved statistics: float32 for half inputs (as torch), float64 for float32/float64."""
+    return np.dtype(np.float32) if dtype in _HALF_VIEWS else np.dtype(np.float64)
+
+
+def _saved(stat: Any, x: np.ndarray, shape: tuple[int, ...], name: str) -> np.ndarray | None:
+    """A saved per-row statistic as a contiguous float64 (M,) array (O(M) copy)."""
+    if stat is None:
+        return None
+    arr = check_rstd(stat, x, shape)
+    if arr is None:
+        return None
+    if arr.dtype.kind != "f":
+        raise TypeError(f"{name} has dtype {arr.dtype}; expected a real floating dtype")
+    return np.ascontiguousarray(arr, dtype=np.float64).reshape(-1)
+
+
+def _n_parts(m: int) -> int:
+    return max(1, -(-m // ROWS_PER_PART))
+
+
+def _param_grad(parts: np.ndarray, like: np.ndarray | None, shape: tuple[int, ...]):
+    if like is None:
+        return None
+    out = np.empty(parts.shape[1])
+    _sum_parts(parts, out)
+    return round_to(out, like.dtype).reshape(shape)
+
+
+# ---------------------------------------------------------------------------- RMSNorm
+_RMS_FWD = {1: _rms_fwd_v1, 2: _rms_fwd_v2}
+_RMS_BWD = {1: _rms_bwd_v1, 2: _rms_bwd_v2}
+_DEFAULT = 2
+
+
+def _rms_norm_forward(
+    kernel: Callable[..., Any],
+    x: Any,
+    normalized_shape: ShapeLike,
+    weight: Any = None,
+    eps: float | None = None,
+    *,
+    bias: Any = None,
+    offset: float = 0.0,
+    partial: float | None = None,
+    out_dtype: Any = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    x, shape = _prepare(x, normalized_shape)
+    n = int(np.prod(shape))
+    w_arr = None if weight is None else as_array(weight, "weight")
+    w = _weight_row(_param_f64(w_arr, "weight", shape), offset, n)
+    b = _param_f64(bias, "bias", shape)
+    eps = resolve_eps(eps, x.dtype)
+    kf = resolve_partial(partial, n)
+    dtype = resolve_out_dtype(out_dtype, x)
+    _check_real(np.empty(0, dtype), "out_dtype")
+    y = np.empty(x.shape, dtype)
+    x3, y3 = _rows3([_bits(x), _bits(y)], len(shape))
+    rstd = np.empty(x3.shape[0] * x3.shape[1], _stat_dtype(x.dtype))
+    has_bias = b is not None
+    _launch(kernel, x3, w, b if has_bias else w, has_bias, kf, eps, y3, rstd)
+    return y, rstd.reshape(stat_shape(x, shape))
+
+
+def _rms_norm_backward(
+    kernel: Callable[..., Any],
+    dy: Any,
+    x: Any,
+    normalized_shape: ShapeLike,
+    weight: Any = None,
+    eps: float | None = None,
+    *,
+    rstd: Any = None,
+    bias: Any = None,
+    offset: float = 0.0,
+    partial: float | None = None,
+) -> RMSNormGrads:
+    x, shape = _prepare(x, normalized_shape)
+    dy = _other(dy, "dy", x)
+    n = int(np.prod(shape))
+    w_arr = None if weight is None else as_array(weight, "weight")
+    w = _weight_row(_param_f64(w_arr, "weight", shape), offset, n)
+    b_arr = None if bias is None else as_array(bias, "bias")
+    _param_f64(b_arr, "bias", shape)  # validated; the bias enters neither dx nor dweight
+    eps = resolve_eps(eps, x.dtype)
+    kf = resolve_partial(partial, n)
+    saved = _saved(rstd, x, shape, "rstd")
+    dx = np.empty(x.shape, x.dtype)
+    dy3, x3, dx3 = _rows3([_bits(dy), _bits(x), _bits(dx)], len(shape))
+    m = x3.shape[0] * x3.shape[1]
+    nparts = _n_parts(m)
+    want_dw, want_db = w_arr is not None, b_arr is not None
+    dw_parts = np.empty((nparts, n) if want_dw else (nparts, 0))
+    db_parts = np.empty((nparts, n) if want_db else (nparts, 0))
+    has_rstd = saved is not None
+    _launch(kernel, dy3, x3, w, kf, eps, has_rstd, saved if has_rstd else w, dx3, want_dw,
+            want_db, dw_parts, db_parts)
+    return RMSNormGrads(
+        dx, _param_grad(dw_parts, w_arr, shape), _param_grad(db_parts, b_arr, shape)
+    )
+
+
+def rms_norm_forward(
+    x: Any,
+    normalized_shape: ShapeLike,
+    weight: Any = None,
+    eps: float | None = None,
+    *,
+    bias: Any = None,
+    offset: float = 0.0,
+    partial: float | None = None,
+    out_dtype: Any = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """RMSNorm forward (variant v2): ``(y, rstd)``, as :func:`rmsref.rms_norm_forward`.
+
+    Parameters
+    ----------
+    x : array_like
+        float16, bfloat16, float32 or float64; any leading shape, any strides.
+    normalized_shape, weight, eps, bias, offset, partial, out_dtype
+        As in :func:`rmsref.rms_norm_forward`.
+
+    Returns
+    -------
+    y : numpy.ndarray
+        C-contiguous, shape of ``x``, dtype ``out_dtype`` (default ``x.dtype``), rounded once.
+    rstd : numpy.ndarray
+        Shape ``x.shape[:-k] + (1,)*k``; float32 for half inputs, float64 otherwise.
+    """
+    return _rms_norm_forward(
+        _RMS_FWD[_DEFAULT], x, normalized_shape, weight, eps, bias=bias, offset=offset,
+        partial=partial, out_dtype=out_dtype,
+    )
+
+
+def rms_norm(
+    x: Any, normalized_shape: ShapeLike, weight: Any = None, eps: float | None = None
+) -> np.ndarray:
+    """RMSNorm (torch semantics), as :func:`rmsref.rms_norm`.
+
+    Parameters
+    ----------
+    x, normalized_shape, weight, eps
+        As in :func:`rmsref.rms_norm`.
+
+    Returns
+    -------
+    numpy.ndarray
+        y in ``x``'s dtype.
+    """
+    return rms_norm_forward(x, normalized_shape, weight, eps)[0]
+
+
+def rms_norm_backward(
+    dy: Any,
+    x: Any,
+    normalized_shape: ShapeLike,
+    weight: Any = None,
+    eps: float | None = None,
+    *,
+    rstd: Any = None,
+    bias: Any = None,
+    offset: float = 0.0,
+    partial: float | None = None,
+) -> RMSNormGrads:
+    """RMSNorm backward (variant v2), as :func:`rmsref.rms_norm_backward`.
+
+    Parameters
+    ----------
+    dy, x, normalized_shape, weight, eps, rstd, bias, offset, partial
+        As in :func:`rmsref.rms_norm_backward`. A given ``rstd`` is used as is.
+
+    Returns
+    -------
+    RMSNormGrads
+        ``(dx, dweight, dbias)``: dx in ``x``'s dtype; dweight/dbias in the parameter's dtype
+        (None without it), from float64 partial rows summed in a fixed order.
+    """
+    return _rms_norm_backward(
+        _RMS_BWD[_DEFAULT], dy, x, normalized_shape, weight, eps, rstd=rstd, bias=bias,
+        offset=offset, partial=partial,
+    )
+
+
+def variant(name: str, number: int) -> Callable[..., Any]:
+    """Variant ``number`` of ``name`` ("rms_norm_forward" or "rms_norm_backward"), with the
+    public signature; used by the tests and ``bench/cpu.py`` to check and time each one.
+
+    Parameters
+    ----------
+    name : str
+        The public function whose variant is wanted.
+    number : int
+        The variant number from the module docstring.
+
+    Returns
+    -------
+    callable
+        Same signature and results contract as the public function.
+    """
+    table = {"rms_norm_forward": (_RMS_FWD, _rms_norm_forward),
+             "rms_norm_backward": (_RMS_BWD, _rms_norm_backward)}
+    if name not in table:
+        raise ValueError(f"no variants of {name!r}; variants exist for {', '.join(table)}")
+    kernels, wrapper = table[name]
+    if number not in kernels:
+        raise ValueError(f"{name} has variants {sorted(kernels)}, not {number!r}")
+    kernel = kernels[number]
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return wrapper(kernel, *args, **kwargs)
+
+    run.__name__ = f"{name}_v{number}"
+    run.__doc__ = f"{name}, variant v{number} (see rmsref.kernels.numba_cpu)."
+    return run
+
+
+#: Variant numbers per function; the default is the highest (the fastest correct one).
+VARIANTS: dict[str, tuple[int, ...]] = {
+    "rms_norm_forward": tuple(_RMS_FWD),
+    "rms_norm_backward": tuple(_RMS_BWD),
+}
+
+
+# ---------------------------------------------------------------------------- fused residual
+_ROUNDINGS = ("fp32-sum", "rounded-sum")
+
+
+def _check_rounding(rounding: str) -> bool:
+    if rounding not in _ROUNDINGS:
+        raise ValueError(f"rounding must be one of {_ROUNDINGS}, got {rounding!r}")
+    return rounding == "rounded-sum"
+
+
+def add_rms_norm_forward(
+    x: Any,
+    residual: Any,
+    normalized_shape: ShapeLike,
+    weight: Any = None,
+    eps: float | None = None,
+    *,
+    rounding: str = "fp32-sum",
+    offset: float = 0.0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Fused residual add + RMSNorm: ``(y, new_residual, rstd)``, as
+    :func:`rmsref.add_rms_norm_forward`.
+
+    Parameters
+    ----------
+    x, residual, normalized_shape, weight, eps, rounding, offset
+        As in :func:`rmsref.add_rms_norm_forward`.
+
+    Returns
+    -------
+    y, new_residual, rstd : numpy.ndarray
+        y in x's dtype, new_residual = R_res(h) in residual's dtype, rstd as
+        :func:`rms_norm_forward`'s (float32 for half x).
+    """
+    rounded = _check_rounding(rounding)
+    x, shape = _prepare(x, normalized_shape)
+    res = _other(residual, "residual", x)
+    n = int(np.prod(shape))
+    w_arr = None if weight is None else as_array(weight, "weight")
+    w = _weight_row(_param_f64(w_arr, "weight", shape), offset, n)
+    eps = resolve_eps(eps, x.dtype)
+    y = np.empty(x.shape, x.dtype)
+    new_res = np.empty(x.shape, res.dtype)
+    x3, r3, y3, nr3 = _rows3([_bits(x), _bits(res), _bits(y), _bits(new_res)], len(shape))
+    rstd = np.empty(x3.shape[0] * x3.shape[1], _stat_dtype(x.dtype))
+    _launch(_add_rms_fwd, x3, r3, rounded, w, eps, y3, nr3, rstd)
+    return y, new_res, rstd.reshape(stat_shape(x, shape))
+
+
+def add_rms_norm(
+    x: Any,
+    residual: Any,
+    normalized_shape: ShapeLike,
+    weight: Any = None,
+    eps: float | None = None,
+    *,
+    rounding: str = "fp32-sum",
+    offset: float = 0.0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(y, new_residual)`` of :func:`add_rms_norm_forward`.
+
+    Parameters
+    ----------
+    x, residual, normalized_shape, weight, eps, rounding, offset
+        As in :func:`rmsref.add_rms_norm`.
+
+    Returns
+    -------
+    y, new_residual : numpy.ndarray
+    """
+    y, new_res, _ = add_rms_norm_forward(
+        x, residual, normalized_shape, weight, eps, rounding=rounding, offset=offset
+    )
+    return y, new_res
+
+
+def add_rms_norm_backward(
+    dy: Any,
+    dresidual_out: Any,
+    x: Any,
+    residual: Any,
+    normalized_shape: ShapeLike,
+    weight: Any = None,
+    eps: float | None = None,
+    *,
+    rounding: str = "fp32-sum",
+    rstd: Any = None,
+    offset: float = 0.0,
+) -> AddRMSNormGrads:
+    """Backward of the fused residual add + RMSNorm, as :func:`rmsref.add_rms_norm_backward`.
+
+    Parameters
+    ----------
+    dy, dresidual_out, x, residual, normalized_shape, weight, eps, rounding, rstd, offset
+        As in :func:`rmsref.add_rms_norm_backward` (``dresidual_out`` may be None).
+
+    Returns
+    -------
+    AddRMSNormGrads
+        ``(dx, dresidual, dweight)``; dh = dx_RMSNorm(h) + dresidual_out, rounded to x's and to
+        residual's dtype.
+    """
+    rounded = _check_rounding(rounding)
+    x, shape = _prepare(x, normalized_shape)
+    res = _other(residual, "residual", x)
+    dy = _other(dy, "dy", x)
+    dro = None if dresidual_out is None else _other(dresidual_out, "dresidual_out", x)
+    n = int(np.prod(shape))
+    w_arr = None if weight is None else as_array(weight, "weight")
+    w = _weight_row(_param_f64(w_arr, "weight", shape), offset, n)
+    eps = resolve_eps(eps, x.dtype)
+    saved = _saved(rstd, x, shape, "rstd")
+    dx = np.empty(x.shape, x.dtype)
+    dres = np.empty(x.shape, res.dtype)
+    has_dro = dro is not None
+    views = _rows3(
+        [_bits(dy), _bits(dro if has_dro else dy), _bits(x), _bits(res), _bits(dx), _bits(dres)],
+        len(shape),
+    )
+    dy3, dro3, x3, r3, dx3, dr3 = views
+    m = x3.shape[0] * x3.shape[1]
+    nparts = _n_parts(m)
+    want_dw = w_arr is not None
+    dw_parts = np.empty((nparts, n) if want_dw else (nparts, 0))
+    has_rstd = saved is not None
+    _launch(_add_rms_bwd, dy3, dro3, has_dro, x3, r3, rounded, w, eps, has_rstd,
+            saved if has_rstd else w, dx3, dr3, want_dw, dw_parts)
+    return AddRMSNormGrads(dx, dres, _param_grad(dw_parts, w_arr, shape))
+
+
+# ---------------------------------------------------------------------------- LayerNorm
+_LN_EPS = 1e-5
+
+
+def layer_norm_forward(
+    x: Any,
+    normalized_shape: ShapeLike,
+    weight: Any = None,
+    bias: Any = None,
+    eps: float = _LN_EPS,
+    *,
+    out_dtype: Any = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """LayerNorm forward: ``(y, mean, rstd)``, as :func:`rmsref.layer_norm_forward`.
+
+    Parameters
+    ----------
+    x, normalized_shape, weight, bias, eps, out_dtype
+        As in :func:`rmsref.layer_norm_forward`.
+
+    Returns
+    -------
+    y, mean, rstd : numpy.ndarray
+        y rounded once to ``out_dtype`` (default x's dtype); mean and rstd float32 for half
+        inputs, float64 otherwise. Not overflow-safe for float64 rows beyond ~1e150.
+    """
+    x, shape = _prepare(x, normalized_shape)
+    n = int(np.prod(shape))
+    w_arr = None if weight is None else as_array(weight, "weight")
+    w = _weight_row(_param_f64(w_arr, "weight", shape), 0.0, n)
+    b = _param_f64(bias, "bias", shape)
+    eps = resolve_eps(eps, x.dtype, default=_LN_EPS)
+    dtype = resolve_out_dtype(out_dtype, x)
+    _check_real(np.empty(0, dtype), "out_dtype")
+    y = np.empty(x.shape, dtype)
+    x3, y3 = _rows3([_bits(x), _bits(y)], len(shape))
+    m = x3.shape[0] * x3.shape[1]
+    mean = np.empty(m, _stat_dtype(x.dtype))
+    rstd = np.empty(m, _stat_dtype(x.dtype))
+    has_bias = b is not None
+    _launch(_ln_fwd, x3, w, b if has_bias else w, has_bias, eps, y3, mean, rstd)
+    stat = stat_shape(x, shape)
+    return y, mean.reshape(stat), rstd.reshape(stat)
+
+
+def layer_norm(
+    x: Any, normalized_shape: ShapeLike, weight: Any = None, bias: Any = None, eps: float = _LN_EPS
+) -> np.ndarray:
+    """LayerNorm (torch semantics), as :func:`rmsref.layer_norm`.
+
+    Parameters
+    ----------
+    x, normalized_shape, weight, bias, eps
+        As in :func:`rmsref.layer_norm`.
+
+    Returns
+    -------
+    numpy.ndarray
+        y in x's dtype.
+    """
+    return layer_norm_forward(x, normalized_shape, weight, bias, eps)[0]
+
+
+def layer_norm_backward(
+    dy: Any,
+    x: Any,
+    normalized_shape: ShapeLike,
+    weight: Any = None,
+    bias: Any = None,
+    eps: float = _LN_EPS,
+    *,
+    mean: Any = None,
+    rstd: Any = None,
+) -> LayerNormGrads:
+    """LayerNorm backward, as :func:`rmsref.layer_norm_backward`.
+
+    Parameters
+    ----------
+    dy, x, normalized_shape, weight, bias, eps, mean, rstd
+        As in :func:`rmsref.layer_norm_backward` (pass both saved statistics or neither).
+
+    Returns
+    -------
+    LayerNormGrads
+        ``(dx, dweight, dbias)`` in the dtypes of x, weight, bias (None without them).
+    """
+    x, shape = _prepare(x, normalized_shape)
+    dy = _other(dy, "dy", x)
+    n = int(np.prod(shape))
+    w_arr = None if weight is None else as_array(weight, "weight")
+    w = _weight_row(_param_f64(w_arr, "weight", shape), 0.0, n)
+    b_arr = None if bias is None else as_array(bias, "bias")
+    _param_f64(b_arr, "bias", shape)
+    eps = resolve_eps(eps, x.dtype, default=_LN_EPS)
+    if (mean is None) != (rstd is None):
+        raise ValueError("pass both mean and rstd (the forward's saved statistics), or neither")
+    saved_mean = _saved(mean, x, shape, "mean")
+    saved_rstd = _saved(rstd, x, shape, "rstd")
+    dx = np.empty(x.shape, x.dtype)
+    dy3, x3, dx3 = _rows3([_bits(dy), _bits(x), _bits(dx)], len(shape))
+    m = x3.shape[0] * x3.shape[1]
+    nparts = _n_parts(m)
+    want_dw, want_db = w_arr is not None, b_arr is not None
+    dw_parts = np.empty((nparts, n) if want_dw else (nparts, 0))
+    db_parts = np.empty((nparts, n) if want_db else (nparts, 0))
+    has_stats = saved_rstd is not None
+    _launch(_ln_bwd, dy3, x3, w, eps, has_stats, saved_mean if has_stats else w,
+            saved_rstd if has_stats else w, dx3, want_dw, want_db, dw_parts, db_parts)
+    return LayerNormGrads(
+        dx, _param_grad(dw_parts, w_arr, shape), _param_grad(db_parts, b_arr, shape)
+    )

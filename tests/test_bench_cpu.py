@@ -1,0 +1,55 @@
+"""Smoke test of bench/cpu.py on a tiny shape, so the benchmark cannot rot (no timing asserted)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("numba", reason="bench/cpu.py times the Numba kernels (pip install numba)")
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "cpu.py"
+
+
+def _load_bench():
+    spec = importlib.util.spec_from_file_location("bench_cpu", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_quick_run_writes_a_table(tmp_path):
+    bench = _load_bench()
+    out = tmp_path / "cpu.md"
+    rc = bench.main(["--quick", "--cases", "float32:64x96", "--out", str(out),
+                     "--plot", str(tmp_path / "cpu.png")])
+    assert rc == 0
+    text = out.read_text()
+    assert "numba rms_norm fwd v2 (default)" in text
+    assert "numba rms_norm bwd v2 (default)" in text
+    assert "parallel copy (prange)" in text
+    assert "RMSNorm/LayerNorm time ratio (fwd)" in text
+    assert "REFUSED" not in text, text
+
+
+def test_a_wrong_candidate_is_refused_not_timed():
+    bench = _load_bench()
+    calls = []
+    good = bench.Candidate("copy", "copy", lambda: calls.append("good"), 8)
+    bad = bench.Candidate("wrong", "fwd", lambda: calls.append("bad"), 8,
+                          check=lambda: "3 elements beyond 1 ulp")
+    bench.measure([good, bad], rounds=2, repeats=1)
+    assert bad.refused == "3 elements beyond 1 ulp" and bad.times == []
+    assert "bad" not in calls and len(good.times) == 2
+    rows = bench.summarise("t", [good, bad, *_fake_defaults(bench)])
+    assert "REFUSED: 3 elements beyond 1 ulp" in bench.markdown(rows, "#")
+
+
+def _fake_defaults(bench):
+    f = bench.Candidate("numba rms_norm fwd v2 (default)", "fwd", lambda: None, 8)
+    b = bench.Candidate("numba rms_norm bwd v2 (default)", "bwd", lambda: None, 8)
+    f.times, b.times = [1.0, 1.0], [1.0, 1.0]
+    return [f, b]

@@ -1,0 +1,150 @@
+"""rmsref.kernels._halfbits: half <-> float conversions inside Numba, checked bit for bit.
+
+References: NumPy's float16 casts and ml_dtypes' bfloat16 casts for every one of the 65536 bit
+patterns, and for float64 -> half (one rounding) an independent NumPy reference built from
+``frexp``/``rint`` below (ml_dtypes rounds float64 -> bfloat16 twice, through float32).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("numba", reason="the Numba kernels need numba (pip install 'rmsref[numba]')")
+
+import ml_dtypes  # noqa: E402
+
+from rmsref.kernels import _halfbits as hb  # noqa: E402
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+ALL = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)  # every 16-bit pattern
+FORMATS = {
+    # name: (NumPy dtype, kernel view dtype, significand bits p, min normal exponent, max finite)
+    "float16": (np.dtype(np.float16), hb.F16_BITS, 11, -14, 65504.0),
+    "bfloat16": (BF16, hb.BF16_BITS, 8, -126, float(ml_dtypes.finfo(BF16).max)),
+}
+
+
+def _bits_equal(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    got = got.view(np.uint16)
+    want = want.view(np.uint16)
+    bad = np.flatnonzero(got != want)
+    assert bad.size == 0, (
+        f"{what}: {bad.size} mismatches, first at index {bad[0]}: got {got[bad[0]]:#06x}, "
+        f"want {want[bad[0]]:#06x}"
+    )
+
+
+def _round_f64_reference(v: np.ndarray, fmt: str) -> np.ndarray:
+    """float64 -> ``fmt`` rounded once (RNE), in float64 arithmetic that is exact here.
+
+    For a finite v, q = 2^(e - p) is the quantum of the format at v's binade (clamped at the
+    subnormal quantum); v / q is exact (a power-of-two scaling) and np.rint rounds it to the
+    nearest integer, ties to even; the result times q is the rounded value, inf past the
+    largest finite value's half-way point.
+    """
+    _, _, p, emin, fmax = FORMATS[fmt]
+    dtype = FORMATS[fmt][0]
+    _, e = np.frexp(np.abs(v))  # |v| = f·2^e, f in [0.5, 1)
+    exp = np.maximum(e - 1, emin)  # binade exponent, clamped to the subnormal range
+    q = np.ldexp(1.0, exp - (p - 1))
+    with np.errstate(invalid="ignore", over="ignore"):
+        r = np.rint(v / q) * q
+        r = np.where(np.abs(r) > fmax, np.copysign(np.inf, v), r)
+        out = r.astype(np.float32).astype(dtype)  # exact: r has <= p significant bits
+        return np.where(np.isfinite(v), out, v.astype(dtype))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_decode_every_pattern(fmt):
+    """half -> float32 equals NumPy / ml_dtypes for all 65536 patterns, NaN payloads included
+    (compared as float32 bits); the kernels' to_f64 equals it widened to float64 (NaN: NaN
+    with the same sign, as hardware widening quiets signalling NaNs)."""
+    dtype, view, *_ = FORMATS[fmt]
+    want = ALL.view(dtype).astype(np.float32)
+    got = hb.decode_to_f32(ALL, fmt)
+    bad = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
+    assert bad.size == 0, f"{fmt} pattern {ALL[bad[0]]:#06x}: {got[bad[0]]!r} vs {want[bad[0]]!r}"
+    wide = hb.decode(ALL.view(view))
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(wide), nan)
+    assert np.array_equal(np.signbit(wide), np.signbit(want))
+    assert np.array_equal(wide[~nan], want[~nan].astype(np.float64))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_round_trip_every_pattern(fmt):
+    """float32(h) -> half gives h back for every pattern (NaNs as NumPy / ml_dtypes make them)."""
+    dtype, view, *_ = FORMATS[fmt]
+    f32 = ALL.view(dtype).astype(np.float32)
+    with np.errstate(invalid="ignore"):
+        want = f32.astype(dtype)
+    _bits_equal(hb.encode_from_f32(f32, fmt), want, f"{fmt} float32 -> half")
+    with np.errstate(invalid="ignore"):
+        f64 = f32.astype(np.float64)  # widening quiets signalling NaNs: compare with NumPy's
+        _bits_equal(hb.encode(f64, view), f64.astype(dtype), f"{fmt} float64 -> half")
+
+
+def _float32_probes(fmt: str) -> np.ndarray:
+    """float32 values at and around every rounding boundary of ``fmt``: for each finite
+    non-negative half value h and its successor, the midpoint, the midpoint ± one float32 ulp,
+    and h ± one float32 ulp; both signs; plus random float32 bit patterns."""
+    dtype = FORMATS[fmt][0]
+    pos = ALL[: 0x7C00 if fmt == "float16" else 0x7F80].view(dtype).astype(np.float64)
+    nxt = np.append(pos[1:], 2 * pos[-1] - pos[-2])  # successor (the first value past max)
+    mid = ((pos + nxt) / 2).astype(np.float32)  # exact in float32
+    h32 = pos.astype(np.float32)
+    up, down = np.float32(np.inf), np.float32(0)
+    vals = [mid, np.nextafter(mid, up), np.nextafter(mid, down), np.nextafter(h32, up),
+            np.nextafter(h32, down), h32]
+    rnd = np.random.default_rng(5).integers(0, 1 << 32, 1 << 18, dtype=np.uint64)
+    vals.append(rnd.astype(np.uint32).view(np.float32))
+    v = np.concatenate(vals)
+    return np.concatenate([v, -v])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_float32_rounding_boundaries(fmt):
+    """float32 -> half: RNE at every midpoint (ties to even), next to it, overflow to inf,
+    subnormals; equal to NumPy (float16) / ml_dtypes (bfloat16) bit for bit."""
+    dtype = FORMATS[fmt][0]
+    v = _float32_probes(fmt)
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = v.astype(dtype)
+    _bits_equal(hb.encode_from_f32(v, fmt), want, f"{fmt} float32 -> half")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_float64_rounds_once(fmt):
+    """float64 -> half is one rounding: equal to the exact frexp/rint reference at midpoints
+    nudged by less than a float32 ulp (where rounding through float32 first goes wrong)."""
+    dtype, view, *_ = FORMATS[fmt]
+    pos = ALL[: 0x7C00 if fmt == "float16" else 0x7F80].view(dtype).astype(np.float64)
+    nxt = np.append(pos[1:], 2 * pos[-1] - pos[-2])
+    mid = (pos + nxt) / 2
+    tiny = np.abs(mid) * 2.0**-40 + 2.0**-1074
+    v = np.concatenate([mid, mid + tiny, mid - tiny, pos, np.nextafter(pos, np.inf)])
+    v = np.concatenate([v, -v, [0.0, -0.0, np.inf, -np.inf, 1e300, -1e300, 1e-300, 5e-324]])
+    want = _round_f64_reference(v, fmt)
+    _bits_equal(hb.encode(v, view), want, f"{fmt} float64 -> half")
+    if fmt == "float16":  # NumPy's double -> half also rounds once: a second, independent check
+        with np.errstate(over="ignore"):
+            _bits_equal(hb.encode(v, view), v.astype(np.float16), "float16 vs NumPy")
+
+
+def test_double_rounding_example():
+    """1 + 2^-8 + 2^-30 is just above the bfloat16 midpoint between 1 and 1 + 2^-7: one
+    rounding gives 1 + 2^-7 (0x3f81); float32 first would tie and go to even, 1 (0x3f80)."""
+    v = np.array([1 + 2.0**-8 + 2.0**-30])
+    assert hb.encode(v, hb.BF16_BITS).view(np.uint16)[0] == 0x3F81
+    assert hb.encode_from_f32(v.astype(np.float32), "bfloat16")[0] == 0x3F80
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_float64_nan_and_inf(fmt):
+    """NaN stays NaN with its sign, inf stays inf, overflow rounds to inf."""
+    dtype, view, *_ = FORMATS[fmt]
+    v = np.array([np.nan, -np.nan, np.inf, -np.inf, 1e300, -1e300])
+    got = hb.encode(v, view).view(dtype).astype(np.float64)
+    assert np.isnan(got[:2]).all() and np.signbit(got[1]) and not np.signbit(got[0])
+    assert list(got[2:]) == [np.inf, -np.inf, np.inf, -np.inf]

@@ -1,0 +1,418 @@
+"""The Numba CPU backend (rmsref.kernels.numba_cpu) against the NumPy oracle.
+
+Reference: the oracle (rmsref.rms_norm_forward etc.) on the same inputs. Tolerances:
+- float32 outputs: >= 99.9 % of elements equal to the oracle's (which is the float64 result
+  rounded once to float32), the rest within 1 float32 ulp (both round a float64 value; the
+  float64 values differ by a few float64 ulps).
+- float16/bfloat16 outputs: within one ulp of the output dtype (rmsref.tolerance.ulp).
+- float64 outputs, dx, dweight: the DESIGN §5 bound (rmsref.tolerance.bound) with float64
+  accumulation in 8 lanes (reduction="blocked", block=8).
+Determinism: bitwise equality across NUMBA_NUM_THREADS=1 and 2 (subprocesses), batch sizes,
+layouts, and two Python threads at once.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("numba", reason="the Numba kernels need numba (pip install 'rmsref[numba]')")
+
+import rmsref  # noqa: E402
+from rmsref import tolerance  # noqa: E402
+from rmsref.kernels import numba_cpu as K  # noqa: E402
+
+from .conftest import DTYPES  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+NS = (1, 7, 64, 127, 128, 4097)
+ROWS = (0, 1, 3, 1000)
+
+
+def _data(rng, shape, dtype, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(dtype)
+
+
+def _check_close(got, want, dtype, what, *, bound=None):
+    """The module docstring's contract for one output array; prints the worst element."""
+    got64 = np.asarray(got, dtype=np.float64)
+    want64 = np.asarray(want, dtype=np.float64)
+    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype}, oracle {want.dtype}"
+    assert got.shape == want.shape, f"{what}: shape {got.shape}, oracle {want.shape}"
+    if got.size == 0:
+        return
+    err = np.abs(got64 - want64)
+    dtype = np.dtype(dtype)
+    if bound is not None:
+        limit = bound
+    elif dtype == np.float64:
+        raise AssertionError("float64 comparisons need an explicit bound")
+    else:
+        limit = tolerance.ulp(want64, dtype)
+    limit = np.broadcast_to(limit, err.shape)
+    worst = np.unravel_index(np.argmax(err - limit), err.shape)
+    assert np.all(err <= limit), (
+        f"{what}: {np.count_nonzero(err > limit)} elements beyond the bound; worst at {worst}: "
+        f"got {got64[worst]!r}, oracle {want64[worst]!r}, bound {limit[worst]!r}"
+    )
+    if dtype == np.float32 and bound is None:
+        equal = np.mean(got64 == want64)
+        assert equal >= 0.999, f"{what}: only {equal:.4%} of float32 elements equal the oracle's"
+
+
+def _model(dtype, n, rows=1):
+    return dict(out_dtype=dtype, n=n, rows=rows, acc_dtype=np.float64, reduction="blocked",
+                block=8)
+
+
+# ------------------------------------------------------------------------------------ forward
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_forward_matches_oracle(dtype, rng):
+    """y and rstd for every N x rows of the issue, with a weight."""
+    for n in NS:
+        w = _data(rng, n, dtype)
+        for m in ROWS:
+            x = _data(rng, (m, n), dtype)
+            y, rstd = K.rms_norm_forward(x, n, w)
+            y_o, rstd_o = rmsref.rms_norm_forward(x, n, w)
+            what = f"y {np.dtype(dtype)} ({m}, {n})"
+            if dtype == np.float64:
+                b = tolerance.bound("y", y=y_o, **_model(dtype, n))
+                _check_close(y, y_o, dtype, what, bound=b)
+            else:
+                _check_close(y, y_o, dtype, what)
+            assert rstd.shape == (m, 1)
+            assert rstd.dtype == (np.float32 if dtype in (DTYPES["float16"], DTYPES["bfloat16"])
+                                  else np.float64)
+            rel = np.abs(rstd.astype(np.float64) - rstd_o) / rstd_o if m else np.zeros(0)
+            limit = 2.0**-24 if rstd.dtype == np.float32 else (n / 8 + 8) * 2.0**-53
+            assert np.all(rel <= limit), f"rstd ({m}, {n}): max rel error {rel.max():.3g}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_backward_matches_oracle(dtype, rng):
+    """dx, dweight, dbias (weight and bias given, rstd recomputed and rstd saved)."""
+    for n in NS:
+        w, b = _data(rng, n, dtype), _data(rng, n, dtype)
+        for m in ROWS:
+            x, dy = _data(rng, (m, n), dtype), _data(rng, (m, n), dtype)
+            got = K.rms_norm_backward(dy, x, n, w, bias=b)
+            ref = rmsref.rms_norm_backward(dy, x, n, w, bias=b)
+            assert isinstance(got, rmsref.RMSNormGrads)
+            x64 = x.astype(np.float64)
+            rstd = 1.0 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + np.finfo(
+                np.float32 if dtype != np.float64 else np.float64).eps)
+            xhat = x64 * rstd
+            model = _model(dtype, n, rows=m)
+            bdx = tolerance.bound("dx", dx=ref.dx, dy=dy, xhat=xhat, rstd=rstd, weight=w,
+                                  **model)
+            _check_close(got.dx, ref.dx, dtype, f"dx ({m}, {n})", bound=bdx)
+            bdw = tolerance.bound("dweight", dweight=ref.dweight, dy=dy, xhat=xhat, **model)
+            _check_close(got.dweight, ref.dweight, dtype, f"dweight ({m}, {n})", bound=bdw)
+            bdb = tolerance.bound("dweight", dweight=ref.dbias, dy=dy, xhat=np.ones_like(xhat),
+                                  **model)
+            _check_close(got.dbias, ref.dbias, dtype, f"dbias ({m}, {n})", bound=bdb)
+            # with the forward's own saved rstd: the oracle given the same statistic
+            _, rstd_k = K.rms_norm_forward(x, n, w)
+            got = K.rms_norm_backward(dy, x, n, w, rstd=rstd_k)
+            ref = rmsref.rms_norm_backward(dy, x, n, w, rstd=rstd_k)
+            _check_close(got.dx, ref.dx, dtype, f"dx saved rstd ({m}, {n})", bound=bdx)
+            assert got.dbias is None
+
+
+def test_float32_equality_rates(rng):
+    """float32 dx and dweight: >= 99.9 % equal to the oracle rounded to float32, rest 1 ulp."""
+    m, n = 1000, 512
+    x, dy, w = _data(rng, (m, n), np.float32), _data(rng, (m, n), np.float32), _data(
+        rng, n, np.float32)
+    got, ref = K.rms_norm_backward(dy, x, n, w), rmsref.rms_norm_backward(dy, x, n, w)
+    _check_close(got.dx, ref.dx, np.float32, "dx")
+    _check_close(got.dweight, ref.dweight, np.float32, "dweight")
+
+
+def test_options_offset_partial_bias_out_dtype(rng):
+    """offset, partial and bias honoured in forward and backward; out_dtype."""
+    m, n = 37, 100
+    x, dy = _data(rng, (m, n), np.float32), _data(rng, (m, n), np.float32)
+    w, b = _data(rng, n, np.float32, 0.1), _data(rng, n, np.float32)
+    kw = dict(bias=b, offset=1.0, partial=0.3)
+    y, _ = K.rms_norm_forward(x, n, w, 1e-5, **kw)
+    y_o, _ = rmsref.rms_norm_forward(x, n, w, 1e-5, **kw)
+    _check_close(y, y_o, np.float32, "y offset/partial/bias")
+    got = K.rms_norm_backward(dy, x, n, w, 1e-5, **kw)
+    ref = rmsref.rms_norm_backward(dy, x, n, w, 1e-5, **kw)
+    for name in ("dx", "dweight", "dbias"):
+        g, r = getattr(got, name), getattr(ref, name)
+        b_ = 1e-6 * (np.abs(r).max() + 1)  # float32-level; equality rate checked elsewhere
+        _check_close(g, r, np.float32, name, bound=b_)
+    y16, _ = K.rms_norm_forward(x, n, w, out_dtype=rmsref.bfloat16)
+    y16_o, _ = rmsref.rms_norm_forward(x, n, w, out_dtype=rmsref.bfloat16)
+    _check_close(y16, y16_o, rmsref.bfloat16, "y out_dtype=bfloat16")
+    y_nw, _ = K.rms_norm_forward(x, n, None, offset=0.5)
+    _check_close(y_nw, rmsref.rms_norm_forward(x, n, None, offset=0.5)[0], np.float32, "no w")
+
+
+def test_multidim_shape_and_views_without_copies(rng):
+    """normalized_shape (4, 6); strided rows, strided columns, negative strides and swapped
+    leading dims are read in place (the kernel sees views of x) and give the bits of the
+    contiguous copy."""
+    x = _data(rng, (5, 3, 4, 6), np.float32)
+    w = _data(rng, (4, 6), np.float32)
+    y, rstd = K.rms_norm_forward(x, (4, 6), w)
+    y_o, rstd_o = rmsref.rms_norm_forward(x, (4, 6), w)
+    _check_close(y, y_o, np.float32, "y (4, 6)")
+    assert rstd.shape == rstd_o.shape == (5, 3, 1, 1)
+
+    big = _data(rng, (40, 2, 3, 130), np.float32)
+    dy_big = _data(rng, big.shape, np.float32)
+    wn = _data(rng, 65, np.float32)
+    views = {
+        "strided columns": lambda a: a[:, 0, 1, ::2],
+        "strided rows": lambda a: a[::3, 1, 2, :65],
+        "negative strides": lambda a: a[::-1, 0, 0, 130:64:-1],
+        "swapped leading dims": lambda a: np.swapaxes(a[:, 0, :, :65], 0, 1),
+    }
+    for name, view in views.items():
+        xv, dyv = view(big), view(dy_big)
+        assert not xv.flags.c_contiguous
+        k3 = K._rows3([K._bits(xv)], 1)[0]
+        assert np.shares_memory(k3, big), f"{name}: the kernel got a copy"
+        y, _ = K.rms_norm_forward(xv, 65, wn)
+        y_c, _ = K.rms_norm_forward(np.ascontiguousarray(xv), 65, wn)
+        assert np.array_equal(y, y_c), name
+        g = K.rms_norm_backward(dyv, xv, 65, wn)
+        g_c = K.rms_norm_backward(np.ascontiguousarray(dyv), np.ascontiguousarray(xv), 65, wn)
+        assert np.array_equal(g.dx, g_c.dx) and np.array_equal(g.dweight, g_c.dweight), name
+        _check_close(y, rmsref.rms_norm_forward(xv, 65, wn)[0], np.float32, name)
+
+
+def test_half_strided_and_empty(rng):
+    """bfloat16 through a strided view; empty batches keep their shapes."""
+    x = _data(rng, (20, 64), rmsref.bfloat16)[::2, ::2]  # the one half-precision 'A' layout
+    y, _ = K.rms_norm_forward(x, 32)
+    _check_close(y, rmsref.rms_norm_forward(x, 32)[0], rmsref.bfloat16, "bf16 strided")
+    e = np.zeros((0, 3, 8), np.float32)
+    y, rstd = K.rms_norm_forward(e, 8)
+    assert y.shape == (0, 3, 8) and rstd.shape == (0, 3, 1)
+    g = K.rms_norm_backward(e, e, 8, np.ones(8, np.float32))
+    assert g.dx.shape == e.shape and np.array_equal(g.dweight, np.zeros(8, np.float32))
+
+
+# ------------------------------------------------------------------------ determinism
+def test_batch_invariance(rng):
+    """A row's y, rstd and dx are the same bits alone or in any batch; dweight is unchanged by
+    appending rows whose dy is zero (the parts are fixed by the row index)."""
+    m, n = 300, 257
+    x, dy, w = _data(rng, (m, n), np.float32), _data(rng, (m, n), np.float32), _data(
+        rng, n, np.float32)
+    y, rstd = K.rms_norm_forward(x, n, w)
+    g = K.rms_norm_backward(dy, x, n, w)
+    for rows in (slice(0, 1), slice(5, 6), slice(7, 200), slice(299, 300)):
+        ys, rs = K.rms_norm_forward(x[rows], n, w)
+        assert np.array_equal(ys, y[rows]) and np.array_equal(rs, rstd[rows]), rows
+        gs = K.rms_norm_backward(dy[rows], x[rows], n, w)
+        assert np.array_equal(gs.dx, g.dx[rows]), rows
+    xp = np.concatenate([x, _data(rng, (333, n), np.float32)])
+    dyp = np.concatenate([dy, np.zeros((333, n), np.float32)])
+    gp = K.rms_norm_backward(dyp, xp, n, w)
+    assert np.array_equal(gp.dweight, g.dweight)
+    assert np.array_equal(gp.dx[:m], g.dx)
+
+
+_SUBPROCESS = """
+import hashlib, numpy as np, rmsref
+from rmsref.kernels import numba_cpu as K
+import numba
+h = hashlib.sha256()
+rng = np.random.default_rng(7)
+for dt in (np.float32, rmsref.bfloat16):
+    x = rng.standard_normal((1000, 257)).astype(dt)
+    dy = rng.standard_normal((1000, 257)).astype(dt)
+    w = rng.standard_normal(257).astype(dt)
+    y, rstd = K.rms_norm_forward(x, 257, w)
+    g = K.rms_norm_backward(dy, x, 257, w, bias=w)
+    for a in (y, rstd, g.dx, g.dweight, g.dbias):
+        h.update(np.ascontiguousarray(a).tobytes())
+print(numba.get_num_threads(), h.hexdigest())
+"""
+
+
+def test_same_bits_for_1_and_2_threads():
+    """Forward, dx, dweight, dbias: identical bits with NUMBA_NUM_THREADS=1 and 2."""
+    out = {}
+    for threads in ("1", "2"):
+        env = dict(os.environ, NUMBA_NUM_THREADS=threads, PYTHONPATH=str(ROOT))
+        res = subprocess.run([sys.executable, "-c", _SUBPROCESS], env=env, capture_output=True,
+                             text=True, timeout=300, cwd=ROOT)
+        assert res.returncode == 0, res.stderr[-2000:]
+        n_threads, digest = res.stdout.split()[-2:]
+        assert n_threads == threads
+        out[threads] = digest
+    assert out["1"] == out["2"], out
+
+
+def test_two_python_threads(rng):
+    """nogil kernels called from two Python threads at once give the single-threaded bits."""
+    xs = [_data(rng, (400, 300), np.float32) for _ in range(2)]
+    w = _data(rng, 300, np.float32)
+    want = [K.rms_norm_forward(x, 300, w)[0] for x in xs]
+    want_dx = [K.rms_norm_backward(x, x, 300, w).dx for x in xs]
+    errors = []
+
+    def work(k):
+        try:
+            for _ in range(20):
+                if not np.array_equal(K.rms_norm_forward(xs[k], 300, w)[0], want[k]):
+                    errors.append(f"thread {k}: forward differs")
+                if not np.array_equal(K.rms_norm_backward(xs[k], xs[k], 300, w).dx, want_dx[k]):
+                    errors.append(f"thread {k}: dx differs")
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+# ------------------------------------------------------------------------ overflow
+def test_float64_rows_near_the_ends_of_the_range(rng):
+    """float64 rows of size ~1e300 and ~1e-300 take the scaled path: finite, as the oracle."""
+    n = 64
+    x = np.concatenate([_data(rng, (2, n), np.float64, 1e300), _data(rng, (2, n), np.float64,
+                                                                       1e-300)])
+    x[3, :5] = 5e-324  # subnormals in a tiny row
+    dy = _data(rng, x.shape, np.float64)
+    w = _data(rng, n, np.float64)
+    y, rstd = K.rms_norm_forward(x, n, w, eps=0.0)
+    y_o, rstd_o = rmsref.rms_norm_forward(x, n, w, eps=0.0)
+    assert np.all(np.isfinite(y))
+    np.testing.assert_allclose(y, y_o, rtol=1e-13, atol=0)
+    np.testing.assert_allclose(rstd, rstd_o, rtol=1e-13)
+    gk = K.rms_norm_backward(dy[:2], x[:2], n, w, eps=0.0)
+    go = rmsref.rms_norm_backward(dy[:2], x[:2], n, w, eps=0.0)
+    assert np.all(np.isfinite(gk.dx))
+    np.testing.assert_allclose(gk.dx, go.dx, rtol=1e-10, atol=1e-12 * np.abs(go.dx).max())
+    # the fused residual kernel takes the same path
+    yr, _, _ = K.add_rms_norm_forward(x, np.zeros_like(x), n, w, eps=0.0)
+    np.testing.assert_allclose(yr, y_o, rtol=1e-13, atol=0)
+
+
+def test_layer_norm_float64_limitation():
+    """Documented limitation: LayerNorm kernels are not overflow-safe for float64 rows beyond
+    ~1e154 (the squares overflow); the oracle is. Fine below that."""
+    x = np.array([[1e200, -1e200, 3e200, 0.0]])
+    assert not np.all(np.isfinite(K.layer_norm(x, 4)))
+    assert np.all(np.isfinite(rmsref.layer_norm(x, 4)))
+    x = np.array([[1e140, -1e140, 3e140, 0.0]])
+    np.testing.assert_allclose(K.layer_norm(x, 4), rmsref.layer_norm(x, 4), rtol=1e-13)
+
+
+# ------------------------------------------------------------------- residual, LayerNorm
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), rmsref.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("rounding", ["fp32-sum", "rounded-sum"])
+def test_add_rms_norm(dtype, rounding, rng):
+    """Fused residual add + RMSNorm forward and backward, both meanings of the sum."""
+    m, n = 50, 136
+    x, r, dy, dro = (_data(rng, (m, n), dtype) for _ in range(4))
+    w = _data(rng, n, dtype)
+    y, res, rstd = K.add_rms_norm_forward(x, r, n, w, rounding=rounding)
+    y_o, res_o, rstd_o = rmsref.add_rms_norm_forward(x, r, n, w, rounding=rounding)
+    _check_close(y, y_o, dtype, f"y {rounding}")
+    assert np.array_equal(res.view(np.uint8), res_o.view(np.uint8)), "new_residual"
+    got = K.add_rms_norm_backward(dy, dro, x, r, n, w, rounding=rounding)
+    ref = rmsref.add_rms_norm_backward(dy, dro, x, r, n, w, rounding=rounding)
+    assert isinstance(got, rmsref.AddRMSNormGrads)
+    scale = np.abs(ref.dx.astype(np.float64)).max()
+    for name in ("dx", "dresidual", "dweight"):
+        g, o = getattr(got, name), getattr(ref, name)
+        lim = tolerance.ulp(o, dtype) + 1e-12 * scale * (m if name == "dweight" else 1)
+        _check_close(g, o, dtype, f"{name} {rounding}", bound=lim)
+    assert K.add_rms_norm(x, r, n, w, rounding=rounding)[0].dtype == x.dtype
+    got_none = K.add_rms_norm_backward(dy, None, x, r, n, w, rounding=rounding)
+    ref_none = rmsref.add_rms_norm_backward(dy, None, x, r, n, w, rounding=rounding)
+    _check_close(got_none.dx, ref_none.dx, dtype, "dx without dresidual_out",
+                 bound=tolerance.ulp(ref_none.dx, dtype) + 1e-12 * scale)
+
+
+def test_layer_norm(rng):
+    """LayerNorm forward (y, mean, rstd) and backward (dx, dweight, dbias) vs the oracle, float32;
+    bfloat16 forward (the comparison kernel; fewer dtypes keep the compile time down)."""
+    m, n = 60, 200
+    dtype = np.dtype(np.float32)
+    x = (_data(rng, (m, n), dtype) + 3).astype(dtype)  # a mean to subtract
+    dy, w, b = _data(rng, (m, n), dtype), _data(rng, n, dtype), _data(rng, n, dtype)
+    y, mean, rstd = K.layer_norm_forward(x, n, w, b)
+    y_o, mean_o, rstd_o = rmsref.layer_norm_forward(x, n, w, b)
+    _check_close(y, y_o, dtype, "layer_norm y")
+    np.testing.assert_allclose(mean, mean_o, rtol=1e-13)
+    np.testing.assert_allclose(rstd, rstd_o, rtol=1e-13)
+    got = K.layer_norm_backward(dy, x, n, w, b)
+    ref = rmsref.layer_norm_backward(dy, x, n, w, b)
+    assert isinstance(got, rmsref.LayerNormGrads)
+    scale = np.abs(ref.dx.astype(np.float64)).max()
+    for name in ("dx", "dweight", "dbias"):
+        g, o = getattr(got, name), getattr(ref, name)
+        lim = tolerance.ulp(o, dtype) + 1e-12 * scale * (m if name != "dx" else 1)
+        _check_close(g, o, dtype, f"layer_norm {name}", bound=lim)
+    got_s = K.layer_norm_backward(dy, x, n, w, b, mean=mean, rstd=rstd)
+    _check_close(got_s.dx, ref.dx, dtype, "dx, saved stats", bound=tolerance.ulp(ref.dx, dtype)
+                 + 1e-12 * scale)
+    xb = x.astype(rmsref.bfloat16)
+    y, mean, rstd = K.layer_norm_forward(xb, n, w, b)
+    _check_close(y, rmsref.layer_norm(xb, n, w, b), rmsref.bfloat16, "layer_norm y bf16")
+    assert mean.dtype == rstd.dtype == np.float32
+
+
+# ------------------------------------------------------------------------ variants, errors
+@pytest.mark.parametrize("name", ["rms_norm_forward", "rms_norm_backward"])
+def test_every_variant_matches_oracle(name, rng):
+    """Each numbered variant checked against the oracle before anyone times it (STYLE §4)."""
+    m, n = 33, 4097
+    x, dy, w = _data(rng, (m, n), np.float32), _data(rng, (m, n), np.float32), _data(
+        rng, n, np.float32)
+    for number in K.VARIANTS[name]:
+        f = K.variant(name, number)
+        if name == "rms_norm_forward":
+            _check_close(f(x, n, w)[0], rmsref.rms_norm_forward(x, n, w)[0], np.float32,
+                         f"v{number}")
+        else:
+            ref = rmsref.rms_norm_backward(dy, x, n, w)
+            x64 = x.astype(np.float64)
+            rstd = 1.0 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + 2.0**-23)
+            bdx = tolerance.bound("dx", dx=ref.dx, dy=dy, xhat=x64 * rstd, rstd=rstd, weight=w,
+                                  **_model(np.float32, n, rows=m))
+            _check_close(f(dy, x, n, w).dx, ref.dx, np.float32, f"v{number}", bound=bdx)
+    with pytest.raises(ValueError, match="variants"):
+        K.variant(name, 99)
+
+
+def test_clear_errors(rng):
+    x = _data(rng, (2, 5), np.float32)
+    with pytest.raises(ValueError, match=r"normalized_shape \(4,\).*\(2, 5\)"):
+        K.rms_norm(x, 4)
+    with pytest.raises(ValueError, match=r"weight has shape \(4,\)"):
+        K.rms_norm(x, 5, np.ones(4, np.float32))
+    with pytest.raises(TypeError, match="complex"):
+        K.rms_norm(x.astype(np.complex64), 5)
+    with pytest.raises(ValueError, match=r"dy has shape"):
+        K.rms_norm_backward(x[:1], x, 5)
+    with pytest.raises(ValueError, match="rounding"):
+        K.add_rms_norm(x, x, 5, rounding="fp16")
+
+
+def test_registry_returns_this_module():
+    assert rmsref.backend("numba_cpu") is K
+    for name in ("rms_norm", "rms_norm_forward", "rms_norm_backward", "add_rms_norm",
+                 "add_rms_norm_forward", "add_rms_norm_backward", "layer_norm",
+                 "layer_norm_forward", "layer_norm_backward"):
+        assert callable(getattr(K, name)), name
+
