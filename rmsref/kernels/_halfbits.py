@@ -27,6 +27,9 @@ Conversions:
   the tie 1 + 2^-8, which then goes to even, 1. We go through float32 with *round to odd*
   (truncate, then set the last bit when inexact), which makes the second rounding correct because
   float32 carries at least two more bits than either half format (Boldo & Melquiond, 2008).
+  For bfloat16 the kernels use a faster route with the same bits: ``f64_to_bf16_bits`` rounds
+  in float64 by adding and subtracting a magic constant (its docstring); the round-to-odd route
+  stays as ``f64_to_bf16_bits_via_odd`` and for float16.
   Note: ``ml_dtypes`` ``float64 -> bfloat16`` casts round twice (through float32); NumPy's
   ``float64 -> float16`` rounds once. NaN: as the float32 -> half rules, payload taken from the
   float64's top payload bits for float16.
@@ -39,6 +42,8 @@ editing this file, delete ``rmsref/kernels/__pycache__/*.nbi`` / ``*.nbc`` so th
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from numba import njit, types
@@ -139,9 +144,38 @@ def f64_to_f32_round_odd(v):
 
 
 @_jit
-def f64_to_bf16_bits(v):
-    """float64 -> bfloat16 bits, rounded once (RNE)."""
+def f64_to_bf16_bits_via_odd(v):
+    """float64 -> bfloat16 bits, rounded once (RNE), through float32 rounded to odd (the
+    reference construction; ``f64_to_bf16_bits`` gives the same bits faster)."""
     return f32_to_bf16_bits(f64_to_f32_round_odd(v))  # NaN -> canonical NaN, sign kept
+
+
+@_jit
+def f64_to_bf16_bits(v):
+    """float64 -> bfloat16 bits, rounded once (RNE), in float64 arithmetic.
+
+    The classic "add and subtract a magic constant": for 2^e <= |v| < 2^(e+1) a bfloat16 has
+    ulp 2^(e-7); c = 1.5·2^(e+45) has float64 ulp 2^(e-7) too, and |v| + c stays in c's binade,
+    so the hardware addition rounds |v| to a multiple of bfloat16's ulp with RNE (c is an even
+    multiple of that ulp, so "even" is bfloat16's even), and subtracting c is exact. e is
+    clamped to [-126, 200]: below 2^-126 bfloat16 is subnormal with the fixed ulp 2^-133, and
+    above 2^200 the result is >= 2^128 anyway, which float32 turns into inf (as is everything
+    rounded up to 2^128). The rounded value has 8 significant bits, so float32 holds it exactly
+    and its top 16 bits are the bfloat16. The sign is put back with copysign (so -0 stays -0);
+    NaN gives ml_dtypes' canonical sign | 0x7fc0. Only float64 operations and one select: the
+    loop vectoriser handles it (about 2-3x faster than the round-to-odd route, whose int32
+    arithmetic Numba widens to int64 lanes). Tested bit for bit against that route.
+    """
+    a = abs(v)
+    # 2^e as a float64: a's exponent field alone (0 for zero and float64 subnormals, inf for
+    # inf/NaN), then clamped
+    p = np.int64(np.float64(a).view(np.int64) & np.int64(0x7FF0000000000000)).view(np.float64)
+    p = min(max(p, 2.0**-126), 2.0**200)
+    c = p * (1.5 * 2.0**45)
+    r = math.copysign((a + c) - c, v)  # RNE to bfloat16's precision, exact otherwise
+    bits = np.int16(np.float32(r).view(np.int32) >> np.int32(16))
+    nan = np.int16(-32768 | 0x7FC0) if math.copysign(1.0, v) < 0.0 else np.int16(0x7FC0)
+    return nan if v != v else bits
 
 
 @_jit
@@ -191,7 +225,7 @@ def _from_f64_impl(v, out):
     if dt == types.uint16:
         return lambda v, out: f64_to_f16_bits(v)
     if dt == types.int16:
-        return lambda v, out: np.int16(f64_to_bf16_bits(v))
+        return lambda v, out: f64_to_bf16_bits(v)
     return None
 
 

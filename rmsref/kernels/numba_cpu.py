@@ -15,16 +15,30 @@ RMSNorm forward
         combined in a fixed tree ((a0+a1)+(a2+a3))+((a4+a5)+(a6+a7)) and then the tail: the
         order is fixed by the code, so the bits are too, and the 8 dependency chains overlap in
         the pipeline. (Numba keeps LLVM's SLP vectoriser off, so the lanes stay scalar; turning
-        it on gave no measurable gain.) (default)
+        it on gave no measurable gain.)
+    v3  as v2, but 64 lanes held in a small float64 array, ``acc[j mod 64] += x_j²`` (the
+        tail goes into lanes 0, 1, ... last), combined by a fixed halving tree
+        acc[l] += acc[l + h], h = 32, 16, ..., 1. The loop over the 64 lanes is element-wise,
+        so LLVM's loop vectoriser emits packed float64 code (vcvtps2pd, vmulpd, vaddpd on ymm)
+        with fastmath off; the order is fixed by the code, so are the bits.
+    v4  as v3, but prange runs over blocks of ``ROWS_PER_BLOCK`` = 16 rows and each block is
+        pipelined: one loop writes row r's y while summing row r + 1's squares (same lanes,
+        same order: the bits of v3), so a core streams reads and writes at once. (default)
 RMSNorm backward (dx, dweight, dbias; rows grouped into parts of ``ROWS_PER_PART``)
     v1  prange over parts of 64 rows; per row a serial ``s += dxhat_j*x_j`` pass, then a pass
         writing dx and adding dy·xhat (and dy) into the part's float64 partial row; the partial
         rows are then summed over parts in order 0, 1, 2, ...
     v2  as v1, but the row reductions (sum of squares when rstd is recomputed, Σ dxhat·x) use
-        the 8-lane accumulators of forward v2. (default)
+        the 8-lane accumulators of forward v2.
+    v3  as v2, but with the 64 vectorised lanes of forward v3.
+    v4  as v3, but pipelined like forward v4: one loop writes row r's dx and dweight terms
+        while summing Σ dxhat·x of row r + 1 (same lanes, same order: the bits of v3) within a
+        part. Covers the common call (saved rstd, no ``partial``, a weight, no bias); other
+        calls run v3's loops. (default)
 Fused residual add (add_rms_norm forward/backward) and LayerNorm forward/backward are written
-like v2 only. LayerNorm forward: Σx (8 lanes) -> mu; then (Σd, Σd²) with d = x − mu in one pass
-(the corrected two-pass variance, which is also the oracle's "refine mu once") -> write.
+like v2 only (so bench/cpu.py's RMSNorm/LayerNorm ratio compares LayerNorm with RMSNorm v2).
+LayerNorm forward: Σx (8 lanes) -> mu; then (Σd, Σd²) with d = x − mu in one pass (the
+corrected two-pass variance, which is also the oracle's "refine mu once") -> write.
 
 Numerical contract
 ------------------
@@ -46,8 +60,10 @@ Numerical contract
   give the oracle's finite results; the common row pays one comparison. A backward given a saved
   rstd uses it unscaled (as the oracle does). LayerNorm kernels are not overflow-safe for float64
   rows beyond ~1e150 (a comparison kernel, documented and tested as such).
-- Determinism and batch invariance: prange runs over rows (forward) or fixed parts of
-  ``ROWS_PER_PART`` rows (backward); every reduction inside a row is serial in a fixed order and
+- Determinism and batch invariance: prange runs over rows (forward v1-v3), blocks of
+  ``ROWS_PER_BLOCK`` rows (forward v4: a row gets the same operations wherever it falls in a
+  block) or fixed parts of ``ROWS_PER_PART`` rows (backward); every reduction inside a row is
+  serial in a fixed order and
   ``fastmath`` is off, so no step depends on the thread count, on the other rows of the batch,
   or on the memory layout (contiguous and strided inputs run the same operations). dweight/dbias:
   float64 partial rows per part, summed over parts in index order; the parts are fixed by the
@@ -63,19 +79,22 @@ Numerical contract
 - Threads: kernels are ``nogil``; two Python threads may call them at once. Numba's "workqueue"
   threading layer cannot run two parallel regions at once, so when it is the active layer the
   launches are serialised with a lock (the default here is OpenMP/TBB, which need none).
-- Speed (bench/cpu.py, table in bench/results/cpu.md; 2 cores shared with other jobs, so
-  noisy): float32 forward 0.83-1.22x the time of a parallel copy into a new array (which every
-  call returning a new array pays), 1.12-2.01x a copy into a preallocated one; backward
-  1.32-1.90x and 1.78-3.05x; 12-16x faster than the NumPy oracle, 7.4-8.6x faster than torch
-  2.13 CPU F.rms_norm forward and 8.9-11.7x than its forward+autograd backward. The loops are
-  compute-bound (scalar float64 conversion and accumulation per element); half-precision
-  conversions cost most (bfloat16 ~4.6-4.9x a new-array copy). The DESIGN §7 targets (against
-  the preallocated copy) are not met yet.
+- Speed (bench/cpu.py, table in bench/results/cpu.md, one run on 2 cores; float32 shapes
+  8192x4096, 65536x512, 4096x16384): forward v4 1.81 / 1.20 / 1.94x the time of a parallel copy
+  into a preallocated array, 1.21 / 0.86 / 1.21x a parallel copy into a new array (which every
+  call returning a new array pays: the OS zeroes each fresh page); backward v4 1.86 / 1.38 /
+  2.06x and 1.23 / 1.04 / 1.28x. The kernels alone, launched into preallocated outputs, take
+  1.11 / 0.87 / 1.42x (forward) and 1.43 / 1.04 / 1.53x (backward) the preallocated copy: most
+  of the rest of the gap to the DESIGN §7 targets is the allocation. 14-17x faster than the
+  NumPy oracle, 9.1-10.0x faster than torch 2.13 CPU F.rms_norm forward and 13.5-17.9x than its
+  forward+autograd backward. bfloat16 8192x4096: forward 5.2x, backward 5.0x the preallocated
+  copy (the half <-> float64 conversions are compute-bound), 9.8x / 13.5x faster than torch.
 - Compilation: lazy (first call per dtype and layout), ``cache=True`` (on-disk cache next to this
-  file). Measured: ~4 s for a forward and ~7 s for a backward per dtype cold, 0.02-0.04 s from
-  the cache (plus ~0.8 s once per process to load Numba's runtime). After editing
-  ``_halfbits.py`` clear ``__pycache__/*.nb[ic]`` (Numba checks only the timestamp of the file
-  holding the cached function).
+  file). Measured (float32, cold, fresh cache dir): forward v4 ~9 s, backward v4 ~11 s (v2: ~4
+  and ~8 s; the 64-lane loops are unrolled and vectorised by LLVM, which costs compile time);
+  0.02-0.04 s from the cache (plus ~0.8 s once per process to load Numba's runtime). After
+  editing ``_halfbits.py`` clear ``__pycache__/*.nb[ic]`` (Numba checks only the timestamp of
+  the file holding the cached function).
 """
 
 from __future__ import annotations
@@ -223,6 +242,62 @@ def _dot_v2(g3, x3, b, i, w, n, k):
     return s
 
 
+#: Lanes of the v3 reductions: element j of a row goes to lane j mod LANES.
+LANES = 64
+
+
+@njit(**_INL)
+def _lane_tree(acc):
+    """Σ_l acc[l] by a fixed halving tree: acc[l] += acc[l + h] for h = 32, 16, ..., 1."""
+    h = LANES // 2
+    while h >= 1:
+        for lane in range(h):
+            acc[lane] += acc[lane + h]
+        h //= 2
+    return acc[0]
+
+
+@njit(**_INL)
+def _sumsq_v3(x3, b, i, k):
+    """Σ_{j<k} x_j² in 64 lanes held in a small array (v3).
+
+    Lane l sums x_j² for j ≡ l (mod 64) in increasing j (the tail of a row that is not a
+    multiple of 64 goes into lanes 0, 1, ... last); the lanes are then combined by
+    ``_lane_tree``. So no lane sums more than ceil(k/64) terms: the effective length of the
+    sum (DESIGN §5) is ceil(k/64) + 6 (at most ceil(log2 k) for k <= 64, as empty lanes add
+    exact zeros), within the 8-lane model ceil(k/8) + 3 the tests use.
+    The inner loop over the 64 lanes is element-wise (no reassociation), so LLVM's loop
+    vectoriser turns it into packed float64 code (vcvtps2pd/vmulpd/vaddpd) with fastmath off.
+    """
+    acc = np.zeros(LANES)
+    k64 = k - k % LANES
+    for j0 in range(0, k64, LANES):
+        for lane in range(LANES):
+            v = to_f64(x3[b, i, j0 + lane])
+            acc[lane] += v * v
+    for lane in range(k - k64):
+        v = to_f64(x3[b, i, k64 + lane])
+        acc[lane] += v * v
+    return _lane_tree(acc)
+
+
+@njit(**_INL)
+def _dot_v3(g3, x3, b, i, w, n, k):
+    """Σ_j dxhat_j·x_j in 64 lanes, as ``_sumsq_v3`` (v3)."""
+    if k != 0:  # a scaled float64 row: rare, keep it simple
+        return _dot_v1(g3, x3, b, i, w, n, k)
+    acc = np.zeros(LANES)
+    n64 = n - n % LANES
+    for j0 in range(0, n64, LANES):
+        for lane in range(LANES):
+            j = j0 + lane
+            acc[lane] += (to_f64(g3[b, i, j]) * w[j]) * to_f64(x3[b, i, j])
+    for lane in range(n - n64):
+        j = n64 + lane
+        acc[lane] += (to_f64(g3[b, i, j]) * w[j]) * to_f64(x3[b, i, j])
+    return _lane_tree(acc)
+
+
 @njit(**_INL)
 def _scale_exponent(amax, eps):
     """k with 2^-k·x safe to square (as rmsref._sumsq.row_exponents), 0 when none is needed."""
@@ -308,6 +383,64 @@ def _rms_fwd_v2(x3, w, bias, has_bias, kf, eps, y3, rstd_out):
         _rms_write(x3, b, i, w, bias, has_bias, y3, rstd_s, k)  # (3)-(4)
 
 
+@njit(**_PAR)
+def _rms_fwd_v3(x3, w, bias, has_bias, kf, eps, y3, rstd_out):
+    nr = x3.shape[1]
+    for r in prange(x3.shape[0] * nr):
+        b, i = r // nr, r % nr
+        ss = _sumsq_v3(x3, b, i, kf)  # (1) Σx², 64 lanes
+        rstd_s, k = _rstd_from_sumsq(ss, x3, b, i, kf, eps)  # (2)
+        rstd_out[r] = math.ldexp(rstd_s, -k)
+        _rms_write(x3, b, i, w, bias, has_bias, y3, rstd_s, k)  # (3)-(4)
+
+
+#: Rows per prange task of forward v4 (a block is walked serially, pipelined row by row).
+ROWS_PER_BLOCK = 16
+
+
+@njit(**_INL)
+def _write_and_sumsq(x3, b, i, w, y3, rstd_s, b1, i1):
+    """Row (b, i)'s y (no bias, unscaled) while summing the squares of row (b1, i1) in the 64
+    lanes of ``_sumsq_v3``, in the same order (so the same bits as ``_sumsq_v3``; v4)."""
+    n = x3.shape[2]
+    acc = np.zeros(LANES)
+    n64 = n - n % LANES
+    for j0 in range(0, n64, LANES):
+        for lane in range(LANES):
+            j = j0 + lane
+            y3[b, i, j] = from_f64(to_f64(x3[b, i, j]) * rstd_s * w[j], y3)  # (3)-(4)
+            v = to_f64(x3[b1, i1, j])
+            acc[lane] += v * v  # (1) of the next row
+    for lane in range(n - n64):
+        j = n64 + lane
+        y3[b, i, j] = from_f64(to_f64(x3[b, i, j]) * rstd_s * w[j], y3)
+        v = to_f64(x3[b1, i1, j])
+        acc[lane] += v * v
+    return _lane_tree(acc)
+
+
+@njit(**_PAR)
+def _rms_fwd_v4(x3, w, bias, has_bias, kf, eps, y3, rstd_out):
+    nr = x3.shape[1]
+    m = x3.shape[0] * nr
+    fuse = kf == x3.shape[2] and not has_bias
+    for blk in prange((m + ROWS_PER_BLOCK - 1) // ROWS_PER_BLOCK):
+        r0 = blk * ROWS_PER_BLOCK
+        r1 = min(m, r0 + ROWS_PER_BLOCK)
+        fused = False  # whether the previous row's loop summed this row's squares
+        ss_next = 0.0
+        for r in range(r0, r1):
+            b, i = r // nr, r % nr
+            ss = ss_next if fused else _sumsq_v3(x3, b, i, kf)  # (1) Σx², 64 lanes
+            rstd_s, k = _rstd_from_sumsq(ss, x3, b, i, kf, eps)  # (2)
+            rstd_out[r] = math.ldexp(rstd_s, -k)
+            fused = fuse and k == 0 and r + 1 < r1
+            if fused:  # write row r while summing row r + 1
+                ss_next = _write_and_sumsq(x3, b, i, w, y3, rstd_s, (r + 1) // nr, (r + 1) % nr)
+            else:
+                _rms_write(x3, b, i, w, bias, has_bias, y3, rstd_s, k)  # (3)-(4)
+
+
 # ============================================================================================
 # RMSNorm backward. dy3, x3, dx3: (B, R, N); rstd_in: (M,) float64 (unused unless has_rstd);
 # dw_parts, db_parts: (P, N) float64 partial rows, P = ceil(M / ROWS_PER_PART).
@@ -387,6 +520,85 @@ def _rms_bwd_v2(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, d
             s = _dot_v2(dy3, x3, b, i, w, x3.shape[2], k)
             _rms_bwd_row(dy3, x3, b, i, w, kf, rstd_s, k, s, dx3, want_dw, want_db, dw_parts,
                          db_parts, p)
+
+
+@njit(**_PAR)
+def _rms_bwd_v3(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, dw_parts,
+                db_parts):
+    nr = x3.shape[1]
+    m = x3.shape[0] * nr
+    for p in prange(dw_parts.shape[0]):
+        _zero_part(dw_parts, p)
+        _zero_part(db_parts, p)
+        for r in range(p * ROWS_PER_PART, min(m, (p + 1) * ROWS_PER_PART)):
+            b, i = r // nr, r % nr
+            if has_rstd:
+                rstd_s, k = rstd_in[r], 0
+            else:  # (1)-(2) recomputed with the forward's code
+                rstd_s, k = _rstd_from_sumsq(_sumsq_v3(x3, b, i, kf), x3, b, i, kf, eps)
+            s = _dot_v3(dy3, x3, b, i, w, x3.shape[2], k)
+            _rms_bwd_row(dy3, x3, b, i, w, kf, rstd_s, k, s, dx3, want_dw, want_db, dw_parts,
+                         db_parts, p)
+
+
+@njit(**_INL)
+def _bwd_row_and_dot(g3, x3, b, i, w, rstd_s, c, dx3, dw_parts, p, b1, i1):
+    """Row (b, i)'s dx and dweight contribution (the common case: unscaled, K = N, a weight,
+    no bias), while summing Σ dxhat·x of row (b1, i1) in the 64 lanes of ``_dot_v3`` in the
+    same order (so the same bits as ``_dot_v3``; v4)."""
+    n = x3.shape[2]
+    acc = np.zeros(LANES)
+    n64 = n - n % LANES
+    for j0 in range(0, n64, LANES):
+        for lane in range(LANES):
+            j = j0 + lane
+            g = to_f64(g3[b, i, j])
+            xhat = to_f64(x3[b, i, j]) * rstd_s  # (3)
+            dx3[b, i, j] = from_f64(rstd_s * (g * w[j] - xhat * c), dx3)  # (5), (7)
+            dw_parts[p, j] += g * xhat  # (8)
+            acc[lane] += (to_f64(g3[b1, i1, j]) * w[j]) * to_f64(x3[b1, i1, j])  # next row
+    for lane in range(n - n64):
+        j = n64 + lane
+        g = to_f64(g3[b, i, j])
+        xhat = to_f64(x3[b, i, j]) * rstd_s
+        dx3[b, i, j] = from_f64(rstd_s * (g * w[j] - xhat * c), dx3)
+        dw_parts[p, j] += g * xhat
+        acc[lane] += (to_f64(g3[b1, i1, j]) * w[j]) * to_f64(x3[b1, i1, j])
+    return _lane_tree(acc)
+
+
+@njit(**_PAR)
+def _rms_bwd_v4(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, dw_parts,
+                db_parts):
+    nr = x3.shape[1]
+    m = x3.shape[0] * nr
+    n = x3.shape[2]
+    # the pipelined loop covers the common call (saved rstd, K = N, a weight, no bias); each
+    # helper is inlined once (compile time)
+    fuse = has_rstd and kf == n and want_dw and not want_db
+    for p in prange(dw_parts.shape[0]):
+        _zero_part(dw_parts, p)
+        _zero_part(db_parts, p)
+        r0 = p * ROWS_PER_PART
+        r1 = min(m, (p + 1) * ROWS_PER_PART)
+        s_next = 0.0
+        for r in range(r0, r1):
+            b, i = r // nr, r % nr
+            if has_rstd:
+                rstd_s, k = rstd_in[r], 0
+            else:  # (1)-(2) recomputed with the forward's code
+                rstd_s, k = _rstd_from_sumsq(_sumsq_v3(x3, b, i, kf), x3, b, i, kf, eps)
+            if fuse and r > r0:
+                s = s_next  # summed while the previous row was written
+            else:
+                s = _dot_v3(dy3, x3, b, i, w, n, k)
+            if fuse and r + 1 < r1:
+                c = s * rstd_s / kf  # (6)
+                s_next = _bwd_row_and_dot(dy3, x3, b, i, w, rstd_s, c, dx3, dw_parts, p,
+                                          (r + 1) // nr, (r + 1) % nr)
+            else:
+                _rms_bwd_row(dy3, x3, b, i, w, kf, rstd_s, k, s, dx3, want_dw, want_db,
+                             dw_parts, db_parts, p)
 
 
 @njit(nogil=True, cache=True)
@@ -773,9 +985,10 @@ def _param_grad(parts: np.ndarray, like: np.ndarray | None, shape: tuple[int, ..
 
 
 # ---------------------------------------------------------------------------- RMSNorm
-_RMS_FWD = {1: _rms_fwd_v1, 2: _rms_fwd_v2}
-_RMS_BWD = {1: _rms_bwd_v1, 2: _rms_bwd_v2}
-_DEFAULT = 2
+_RMS_FWD = {1: _rms_fwd_v1, 2: _rms_fwd_v2, 3: _rms_fwd_v3, 4: _rms_fwd_v4}
+_RMS_BWD = {1: _rms_bwd_v1, 2: _rms_bwd_v2, 3: _rms_bwd_v3, 4: _rms_bwd_v4}
+_DEFAULT_FWD = max(_RMS_FWD)  # the fastest correct one
+_DEFAULT_BWD = max(_RMS_BWD)
 
 
 def _rms_norm_forward(
@@ -856,7 +1069,7 @@ def rms_norm_forward(
     partial: float | None = None,
     out_dtype: Any = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """RMSNorm forward (variant v2): ``(y, rstd)``, as :func:`rmsref.rms_norm_forward`.
+    """RMSNorm forward (variant v4): ``(y, rstd)``, as :func:`rmsref.rms_norm_forward`.
 
     Parameters
     ----------
@@ -873,7 +1086,7 @@ def rms_norm_forward(
         Shape ``x.shape[:-k] + (1,)*k``; float32 for half inputs, float64 otherwise.
     """
     return _rms_norm_forward(
-        _RMS_FWD[_DEFAULT], x, normalized_shape, weight, eps, bias=bias, offset=offset,
+        _RMS_FWD[_DEFAULT_FWD], x, normalized_shape, weight, eps, bias=bias, offset=offset,
         partial=partial, out_dtype=out_dtype,
     )
 
@@ -908,7 +1121,7 @@ def rms_norm_backward(
     offset: float = 0.0,
     partial: float | None = None,
 ) -> RMSNormGrads:
-    """RMSNorm backward (variant v2), as :func:`rmsref.rms_norm_backward`.
+    """RMSNorm backward (variant v4), as :func:`rmsref.rms_norm_backward`.
 
     Parameters
     ----------
@@ -922,7 +1135,7 @@ def rms_norm_backward(
         (None without it), from float64 partial rows summed in a fixed order.
     """
     return _rms_norm_backward(
-        _RMS_BWD[_DEFAULT], dy, x, normalized_shape, weight, eps, rstd=rstd, bias=bias,
+        _RMS_BWD[_DEFAULT_BWD], dy, x, normalized_shape, weight, eps, rstd=rstd, bias=bias,
         offset=offset, partial=partial,
     )
 
