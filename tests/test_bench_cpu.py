@@ -21,6 +21,7 @@ def _load_bench():
     return module
 
 
+@pytest.mark.slow  # compiles every variant (the bench validates each); CI runs it (pytest -m slow)
 def test_quick_run_writes_a_table(tmp_path):
     bench = _load_bench()
     out = tmp_path / "cpu.md"

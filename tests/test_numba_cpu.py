@@ -304,6 +304,7 @@ def test_two_python_threads(rng):
 
 
 # ------------------------------------------------------------------------ overflow
+@pytest.mark.slow  # compiles extra Numba specialisations; CI runs it (pytest -m slow)
 def test_float64_rows_near_the_ends_of_the_range(rng):
     """float64 rows of size ~1e300 and ~1e-300 take the scaled path: finite, as the oracle."""
     n = 64
@@ -326,6 +327,7 @@ def test_float64_rows_near_the_ends_of_the_range(rng):
     np.testing.assert_allclose(yr, y_o, rtol=1e-13, atol=0)
 
 
+@pytest.mark.slow  # compiles extra Numba specialisations; CI runs it (pytest -m slow)
 def test_layer_norm_float64_limitation():
     """Documented limitation: LayerNorm kernels are not overflow-safe for float64 rows beyond
     ~1e154 (the squares overflow); the oracle is. Fine below that."""
@@ -393,6 +395,7 @@ def test_layer_norm(rng):
 
 
 # ------------------------------------------------------------------------ variants, errors
+@pytest.mark.slow  # compiles extra Numba specialisations; CI runs it (pytest -m slow)
 @pytest.mark.parametrize("name", ["rms_norm_forward", "rms_norm_backward"])
 def test_every_variant_matches_oracle(name, rng):
     """Each numbered variant checked against the oracle before anyone times it (STYLE §4)."""
