@@ -191,8 +191,7 @@ def resolve_partial(partial: float | None, n: int) -> int:
 
 def rows_view(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """``x`` as a (M, N) array of rows: a view when the layout allows, else a copy."""
-    n = int(np.prod(shape))
-    return x.reshape(-1, n) if x.size else x.reshape(0, n)
+    return x.reshape(-1, int(np.prod(shape)))
 
 
 def check_rstd(rstd: Any, x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
@@ -200,9 +199,8 @@ def check_rstd(rstd: Any, x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray |
     if rstd is None:
         return None
     arr = np.asarray(rstd)
-    if arr.dtype.kind not in "fc":
-        if arr.dtype not in SUPPORTED_DTYPES.values():
-            raise TypeError(f"rstd has dtype {arr.dtype}; expected a floating dtype")
+    if arr.dtype not in SUPPORTED_DTYPES.values():
+        raise TypeError(f"rstd has dtype {arr.dtype}; expected a floating dtype")
     lead = tuple(x.shape[: x.ndim - len(shape)])
     if tuple(arr.shape) not in (lead, lead + (1,) * len(shape)):
         raise ValueError(
