@@ -243,3 +243,68 @@ def result_dtype(dtype: np.dtype, ctype: np.dtype) -> np.dtype:
     if np.dtype(ctype).kind != "c" or dtype.kind == "c":
         return dtype
     return np.dtype(np.complex128) if dtype == np.float64 else np.dtype(np.complex64)
+
+
+def check_out(
+    out: Any, shape: tuple[int, ...], dtype: np.dtype, inputs: dict[str, Any], name: str = "out"
+) -> np.ndarray | None:
+    """Validate a caller's output array (``out=``); return it, or None when ``out`` is None.
+
+    ``out`` must be a writeable NumPy array of exactly the result's ``shape`` and ``dtype``
+    (nothing is cast or broadcast: a silent cast would hide a second rounding) and must not
+    overlap any of ``inputs`` (name -> array): a result written over an input it still has to
+    read would be wrong, so in-place calls are refused rather than guessed at.
+    """
+    if out is None:
+        return None
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"{name} must be a NumPy array, got {type(out).__name__}")
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"{name} has shape {tuple(out.shape)}; the result has shape {shape}")
+    if out.dtype != np.dtype(dtype):
+        raise TypeError(
+            f"{name} has dtype {out.dtype}; the result has dtype {np.dtype(dtype)} (pass "
+            "out_dtype= to change the result's dtype)"
+        )
+    if not out.flags.writeable:
+        raise ValueError(f"{name} is read-only")
+    for iname, a in inputs.items():
+        if isinstance(a, np.ndarray) and np.may_share_memory(out, a):
+            raise ValueError(
+                f"{name} may share memory with {iname}; in-place results are not supported "
+                "(pass a separate array)"
+            )
+    return out
+
+
+def reshape_view(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
+    """``a`` reshaped without copying, or None when its strides do not allow it."""
+    try:
+        return a.reshape(shape, copy=False)
+    except ValueError:
+        return None
+    except TypeError:  # NumPy < 2.1 has no copy=; setting .shape refuses to copy
+        v = a.view()
+        try:
+            v.shape = shape
+        except AttributeError:
+            return None
+        return v
+
+
+def rows_into(out: np.ndarray | None, m: int, n: int, dtype: np.dtype) -> np.ndarray:
+    """(M, N) rows to compute a result into: a view of ``out`` when its layout allows (so the
+    result is written in place), else a new array that ``into_out`` then copies into ``out``."""
+    rows = None if out is None else reshape_view(out, (m, n))
+    return np.empty((m, n), dtype) if rows is None else rows
+
+
+def into_out(result: np.ndarray, out: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray:
+    """The result to return: ``result`` reshaped to ``shape``, or ``out`` itself (the object the
+    caller passed, as NumPy's ``out=`` does) after copying ``result`` into it unless the result
+    was computed in ``out``'s memory already."""
+    if out is None:
+        return result.reshape(shape)
+    if not np.may_share_memory(result, out):
+        np.copyto(out, result.reshape(out.shape))
+    return out

@@ -45,15 +45,18 @@ from rmsref._rounding import round_to
 from rmsref._shapes import (
     ShapeLike,
     as_array,
+    check_out,
     check_rstd,
     check_same_shape,
     compute_dtype,
+    into_out,
     param_row,
     prepare_input,
     resolve_eps,
     resolve_out_dtype,
     resolve_partial,
     result_dtype,
+    rows_into,
     stat_shape,
 )
 
@@ -189,7 +192,12 @@ def _param(p: Any, name: str, shape: tuple[int, ...], ctype: np.dtype) -> tuple[
 
 
 def rms_norm(
-    x: Any, normalized_shape: ShapeLike, weight: Any = None, eps: float | None = None
+    x: Any,
+    normalized_shape: ShapeLike,
+    weight: Any = None,
+    eps: float | None = None,
+    *,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """RMSNorm with ``torch.nn.functional.rms_norm`` semantics, computed in float64.
 
@@ -205,11 +213,16 @@ def rms_norm(
     eps : float, optional
         Added to the mean of squares. ``None`` means ``finfo(float32).eps`` for float16, bfloat16
         and float32 inputs and ``finfo(float64).eps`` for float64 (current PyTorch).
+    out : numpy.ndarray, optional
+        Where to write the result: x's shape and the result's dtype exactly, writeable, not
+        overlapping any input (every backend takes it; the Numba kernels then skip allocating
+        and first-touching a new output, which is most of a call's overhead on large inputs).
 
     Returns
     -------
     numpy.ndarray
-        ``x / sqrt(mean(x**2) + eps) * weight``, rounded once to the dtype of ``x``.
+        ``x / sqrt(mean(x**2) + eps) * weight``, rounded once to the dtype of ``x`` (``out``
+        when given).
 
     Examples
     --------
@@ -217,7 +230,7 @@ def rms_norm(
     >>> rmsref.rms_norm(np.array([1.0, 2.0, 3.0, 4.0]), 4, eps=1e-5).round(4)
     array([0.3651, 0.7303, 1.0954, 1.4606])
     """
-    return rms_norm_forward(x, normalized_shape, weight, eps)[0]
+    return rms_norm_forward(x, normalized_shape, weight, eps, out=out)[0]
 
 
 def rms_norm_forward(
@@ -230,6 +243,7 @@ def rms_norm_forward(
     offset: float = 0.0,
     partial: float | None = None,
     out_dtype: Any = None,
+    out: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """RMSNorm forward, returning what the backward needs: ``(y, rstd)``.
 
@@ -249,11 +263,14 @@ def rms_norm_forward(
         row (in flattened order); all features are normalised.
     out_dtype : dtype, optional
         Dtype of ``y``; default the dtype of ``x``.
+    out : numpy.ndarray, optional
+        Where to write ``y`` (as in :func:`rms_norm`).
 
     Returns
     -------
     y : numpy.ndarray
-        Same shape as ``x``, dtype ``out_dtype`` (default ``x.dtype``), rounded once.
+        Same shape as ``x``, dtype ``out_dtype`` (default ``x.dtype``), rounded once; ``out``
+        when given.
     rstd : numpy.ndarray
         ``1 / sqrt(ms + eps)`` per row, float64 (complex128 for complex ``x``), shape
         ``x.shape[:-k] + (1,) * k`` for ``k = len(normalized_shape)`` so that it broadcasts.
@@ -267,8 +284,9 @@ def rms_norm_forward(
     k_feat = resolve_partial(partial, n)
     wt = _scale_offset(param_row(weight_arr, "weight", shape, ctype), offset, n, ctype)
     b = param_row(bias, "bias", shape, ctype)
+    out = check_out(out, x.shape, dtype, {"x": x, "weight": weight_arr, "bias": bias})
 
-    y = np.empty((m, n), dtype)
+    y = rows_into(out, m, n, dtype)  # (M, N)
     rstd = np.empty((m, 1), ctype)
     with np.errstate(all="ignore"):  # NaN/Inf and eps < 0 rows propagate as PyTorch's do
         for rows in _sumsq.row_chunks(m, n):
@@ -277,7 +295,7 @@ def rms_norm_forward(
             if b is not None:
                 yr += b
             y[rows] = round_to(yr, dtype)
-    return y.reshape(x.shape), rstd.reshape(stat_shape(x, shape))
+    return into_out(y, out, x.shape), rstd.reshape(stat_shape(x, shape))
 
 
 # --------------------------------------------------------------------------------------------
@@ -296,6 +314,7 @@ def rms_norm_backward(
     bias: Any = None,
     offset: float = 0.0,
     partial: float | None = None,
+    out: np.ndarray | None = None,
 ) -> RMSNormGrads:
     """RMSNorm backward in closed form, eqs. (5)-(9).
 
@@ -308,13 +327,15 @@ def rms_norm_backward(
     rstd : array_like, optional
         The statistic saved by the forward (shape ``lead`` or ``lead + (1,)*k``). When given it
         is used as is (as a kernel would use its own saved statistic); else it is recomputed.
+    out : numpy.ndarray, optional
+        Where to write ``dx`` (x's shape and dx's dtype; as in :func:`rms_norm`).
 
     Returns
     -------
     RMSNormGrads
-        ``(dx, dweight, dbias)``: ``dx`` in ``x``'s dtype; ``dweight`` / ``dbias`` in the
-        parameter's dtype, or None when that parameter is None. Gradients are returned, never
-        accumulated.
+        ``(dx, dweight, dbias)``: ``dx`` in ``x``'s dtype (``out`` when given); ``dweight`` /
+        ``dbias`` in the parameter's dtype, or None when that parameter is None. Gradients are
+        returned, never accumulated.
     """
     x, shape, xrows = prepare_input(x, normalized_shape)
     dy_arr = as_array(dy, "dy")
@@ -329,8 +350,11 @@ def rms_norm_backward(
     param_row(bias_arr, "bias", shape, ctype)  # validated; the bias does not enter dx or dweight
     saved = check_rstd(rstd, x, shape)
     dyrows = dy_arr.reshape(m, n)
+    dx_dtype = result_dtype(x.dtype, ctype)
+    out = check_out(out, x.shape, dx_dtype, {"dy": dy_arr, "x": x, "weight": weight_arr,
+                                             "rstd": rstd})
 
-    dx = np.empty((m, n), result_dtype(x.dtype, ctype))
+    dx = rows_into(out, m, n, dx_dtype)  # (M, N)
     dweight = _ColumnSum(n, ctype)
     dbias = _ColumnSum(n, ctype)
     with np.errstate(all="ignore"):
@@ -349,7 +373,7 @@ def rms_norm_backward(
             if bias_arr is not None:
                 dbias.add(dyr)  # eq. (9)
     return RMSNormGrads(
-        dx.reshape(x.shape),
+        into_out(dx, out, x.shape),
         _grad_out(dweight.value(), weight_arr, shape),
         _grad_out(dbias.value(), bias_arr, shape),
     )

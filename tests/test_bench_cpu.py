@@ -34,7 +34,8 @@ def test_quick_run_writes_a_table(tmp_path):
     vf, vb = max(nb.VARIANTS["rms_norm_forward"]), max(nb.VARIANTS["rms_norm_backward"])
     assert f"numba rms_norm fwd v{vf} (default)" in text
     assert f"numba rms_norm bwd v{vb} (default)" in text
-    assert f"numba fwd v{vf} kernel, preallocated out" in text
+    assert bench.OUT_FWD in text and bench.OUT_BWD in text
+    assert "float32:64x96 fwd: out= " in text and "float32:64x96 bwd: out= " in text
     assert "parallel copy (prange)" in text
     assert "RMSNorm v2/LayerNorm time ratio (fwd)" in text
     assert "REFUSED" not in text, text

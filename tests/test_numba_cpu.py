@@ -414,15 +414,19 @@ def test_every_variant_matches_oracle(name, rng):
             bdx = tolerance.bound("dx", dx=ref.dx, dy=dy, xhat=x64 * rstd, rstd=rstd, weight=w,
                                   **_model(np.float32, n, rows=m))
             _check_close(f(dy, x, n, w).dx, ref.dx, np.float32, f"v{number}", bound=bdx)
-    # the pipelined v4 loops claim v3's bits (same lanes, same order)
-    if 3 in K.VARIANTS[name] and 4 in K.VARIANTS[name]:
-        v3, v4 = K.variant(name, 3), K.variant(name, 4)
+    # the pipelined loops (v4, and v5's own kernel for the common call) claim v3's bits (same
+    # lanes, same order); m = 33 rows make a part whose last row v5 runs through its loop too
+    for number in K.VARIANTS[name]:
+        if number < 4:
+            continue
+        v3, vk = K.variant(name, 3), K.variant(name, number)
         if name == "rms_norm_forward":
-            assert np.array_equal(v3(x, n, w)[0], v4(x, n, w)[0])
+            assert np.array_equal(v3(x, n, w)[0], vk(x, n, w)[0]), f"v{number}"
         else:
             _, rstd = K.rms_norm_forward(x, n, w)
-            a, b = v3(dy, x, n, w, rstd=rstd), v4(dy, x, n, w, rstd=rstd)
-            assert np.array_equal(a.dx, b.dx) and np.array_equal(a.dweight, b.dweight)
+            a, b = v3(dy, x, n, w, rstd=rstd), vk(dy, x, n, w, rstd=rstd)
+            assert np.array_equal(a.dx, b.dx), f"v{number}"
+            assert np.array_equal(a.dweight, b.dweight), f"v{number}"
     with pytest.raises(ValueError, match="variants"):
         K.variant(name, 99)
 

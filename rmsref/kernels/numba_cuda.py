@@ -109,6 +109,8 @@ from rmsref._shapes import (
     ShapeLike,
     as_array,
     bfloat16,
+    check_out,
+    into_out,
     normalize_shape,
     resolve_eps,
     resolve_out_dtype,
@@ -970,6 +972,18 @@ def _input_shape(call: _Call, x: Any) -> tuple[int, ...]:
     return tuple(as_array(x, "input").shape)
 
 
+def _host_out(call: _Call, out: Any, shape: tuple[int, ...], kind: int,
+              inputs: dict[str, Any]) -> np.ndarray | None:
+    """Validate ``out=`` before launching: a NumPy array, for host calls only (a device call
+    returns device arrays; :func:`prepare_forward` / :func:`prepare_backward` reuse them)."""
+    if out is not None and call.on_device:
+        raise TypeError(
+            "out= takes a NumPy array and this call's inputs are device arrays; device calls "
+            "return device arrays (use prepare_forward/prepare_backward to reuse outputs)"
+        )
+    return check_out(out, shape, _DTYPE_OF_KIND[kind], inputs)
+
+
 def prepare_forward(x: Any, normalized_shape: ShapeLike, weight: Any = None,
                     eps: float | None = None, *, bias: Any = None, offset: float = 0.0,
                     partial: float | None = None, out_dtype: Any = None, residual: Any = None,
@@ -1019,6 +1033,7 @@ def rms_norm(
     weight: Any = None,
     eps: float | None = None,
     *,
+    out: np.ndarray | None = None,
     launch: Launch | None = None,
 ) -> Any:
     """RMSNorm forward on the GPU (torch semantics): ``y``, as :func:`rmsref.rms_norm`.
@@ -1033,6 +1048,8 @@ def rms_norm(
         Per-feature scale, shape ``normalized_shape``.
     eps : float, optional
         Added to the mean of squares; default float32's machine epsilon.
+    out : numpy.ndarray, optional
+        Host calls only: where to copy y back to (as :func:`rmsref.rms_norm`).
     launch : Launch, optional
         Forced launch configuration (see :class:`Launch`).
 
@@ -1041,7 +1058,7 @@ def rms_norm(
     array
         ``y``, same shape and dtype as ``x``, same kind (NumPy or device) as ``x``.
     """
-    return rms_norm_forward(x, normalized_shape, weight, eps, launch=launch)[0]
+    return rms_norm_forward(x, normalized_shape, weight, eps, out=out, launch=launch)[0]
 
 
 def rms_norm_forward(
@@ -1054,13 +1071,14 @@ def rms_norm_forward(
     offset: float = 0.0,
     partial: float | None = None,
     out_dtype: Any = None,
+    out: np.ndarray | None = None,
     launch: Launch | None = None,
 ) -> tuple[Any, Any]:
     """RMSNorm forward returning ``(y, rstd)``; only rstd (O(rows)) is saved for the backward.
 
     Parameters
     ----------
-    x, normalized_shape, weight, eps, launch
+    x, normalized_shape, weight, eps, out, launch
         As in :func:`rms_norm`.
     bias : array, optional
         Per-feature shift, shape ``normalized_shape``.
@@ -1080,10 +1098,11 @@ def rms_norm_forward(
     """
     f = _forward_call(x, normalized_shape, weight, eps, bias=bias, offset=offset,
                       partial=partial, out_dtype=out_dtype, launch=launch)
+    y_out = _host_out(f.call, out, f.xs, f.ky, {"x": x, "weight": weight, "bias": bias})
     f.prepared.run()
-    out = f.prepared.outputs
-    return (f.call.result(out["y"], f.ky, f.xs),
-            f.call.result(out["rstd"], F32, _stat_shape(f.xs, f.nshape)))
+    outputs = f.prepared.outputs
+    return (into_out(f.call.result(outputs["y"], f.ky, f.xs), y_out, f.xs),
+            f.call.result(outputs["rstd"], F32, _stat_shape(f.xs, f.nshape)))
 
 
 def rms_norm_backward(
@@ -1097,6 +1116,7 @@ def rms_norm_backward(
     bias: Any = None,
     offset: float = 0.0,
     partial: float | None = None,
+    out: np.ndarray | None = None,
     launch: Launch | None = None,
 ) -> RMSNormGrads:
     """RMSNorm backward, eqs. (5)-(9): dx per row, dweight/dbias by two deterministic stages.
@@ -1110,6 +1130,8 @@ def rms_norm_backward(
     rstd : array, optional
         The forward's saved statistic (shape ``lead`` or ``lead + (1,)*k``), used as float32;
         recomputed in the kernel when None.
+    out : numpy.ndarray, optional
+        Host calls only: where to copy dx back to.
 
     Returns
     -------
@@ -1119,12 +1141,13 @@ def rms_norm_backward(
     """
     b = _backward_call(dy, x, normalized_shape, weight, eps, rstd=rstd, bias=bias, offset=offset,
                        partial=partial, launch=launch)
+    dx_out = _host_out(b.call, out, b.xs, b.xo.kind, {"dy": dy, "x": x, "weight": weight})
     b.prepared.run()
-    out = b.prepared.outputs
+    outputs = b.prepared.outputs
     return RMSNormGrads(
-        b.call.result(out["dx"], b.xo.kind, b.xs),
-        None if b.wo is None else b.call.result(out["dweight"], b.wo.kind, b.nshape),
-        None if b.bo is None else b.call.result(out["dbias"], b.bo.kind, b.nshape),
+        into_out(b.call.result(outputs["dx"], b.xo.kind, b.xs), dx_out, b.xs),
+        None if b.wo is None else b.call.result(outputs["dweight"], b.wo.kind, b.nshape),
+        None if b.bo is None else b.call.result(outputs["dbias"], b.bo.kind, b.nshape),
     )
 
 

@@ -364,6 +364,30 @@ def test_device_arrays_in_place(kcuda, rng):
         assert rstd_dev.copy_to_host().tobytes() == rstd_host.tobytes()
 
 
+def test_out_host_arrays(kcuda, rng):
+    """``out=`` (host calls): y and dx land in the caller's array, the same bits as without it;
+    a device call with ``out=`` is refused with the reason."""
+    from numba import cuda
+
+    m, n = 3, 33
+    launch = kcuda.Launch(threads=32)
+    x = rng.standard_normal((m, n)).astype(bfloat16)
+    dy = rng.standard_normal((m, n)).astype(bfloat16)
+    y_ref, rstd = kcuda.rms_norm_forward(x, n, launch=launch)
+    out = np.empty((n, m), bfloat16).T  # a transposed out: the copy-back must follow its strides
+    assert kcuda.rms_norm(x, n, out=out, launch=launch) is out
+    assert np.ascontiguousarray(out).tobytes() == y_ref.tobytes()
+    dx_ref = kcuda.rms_norm_backward(dy, x, n, rstd=rstd, launch=launch).dx
+    out = np.empty_like(x)
+    assert kcuda.rms_norm_backward(dy, x, n, rstd=rstd, out=out, launch=launch).dx is out
+    assert out.tobytes() == dx_ref.tobytes()
+    with pytest.raises(ValueError, match="share memory with x"):
+        kcuda.rms_norm_forward(x, n, out=x)
+    xd = cuda.to_device(x.view(np.uint16))
+    with pytest.raises(TypeError, match="device arrays"):
+        kcuda.rms_norm_forward(xd, n, out=np.empty_like(x))
+
+
 def test_bad_inputs_name_what_they_got(kcuda, rng):
     from numba import cuda
 
