@@ -38,7 +38,8 @@ RMSNorm backward (dx, dweight, dbias; rows grouped into parts of ``ROWS_PER_PART
     v5  as v4, but the common call gets a kernel of its own (``_rms_bwd_pipelined``: no
         branches for the other calls, every row of a part through the pipelined loop) and the
         rest run v4. Same operations, so v4's bits; LLVM schedules the smaller loop with fewer
-        spills: 8-10 % faster than v4 in one 11-round run on 2 cores. (default)
+        spills (bench/cpu.py, one run: 5 % faster than v4 at 8192x4096, 16 % at 65536x512,
+        the same at 4096x16384). (default)
 Fused residual add (add_rms_norm forward/backward) and LayerNorm forward/backward are written
 like v2 only (so bench/cpu.py's RMSNorm/LayerNorm ratio compares LayerNorm with RMSNorm v2).
 LayerNorm forward: Σx (8 lanes) -> mu; then (Σd, Σd²) with d = x − mu in one pass (the
@@ -84,19 +85,23 @@ Numerical contract
   threading layer cannot run two parallel regions at once, so when it is the active layer the
   launches are serialised with a lock (the default here is OpenMP/TBB, which need none).
 - Speed (bench/cpu.py, table in bench/results/cpu.md, one run on 2 cores; float32 shapes
-  8192x4096, 65536x512, 4096x16384): forward v4 1.81 / 1.20 / 1.94x the time of a parallel copy
-  into a preallocated array, 1.21 / 0.86 / 1.21x a parallel copy into a new array (which every
-  call returning a new array pays: the OS zeroes each fresh page); backward v4 1.86 / 1.38 /
-  2.06x and 1.23 / 1.04 / 1.28x. The kernels alone, launched into preallocated outputs, take
-  1.11 / 0.87 / 1.42x (forward) and 1.43 / 1.04 / 1.53x (backward) the preallocated copy: most
-  of the rest of the gap to the DESIGN §7 targets is the allocation. 14-17x faster than the
-  NumPy oracle, 9.1-10.0x faster than torch 2.13 CPU F.rms_norm forward and 13.5-17.9x than its
-  forward+autograd backward. bfloat16 8192x4096: forward 5.2x, backward 5.0x the preallocated
-  copy (the half <-> float64 conversions are compute-bound), 9.8x / 13.5x faster than torch.
+  8192x4096, 65536x512, 4096x16384). Called with ``out=`` (y or dx written into an array kept
+  across calls), the default forward takes 1.13 / 0.87 / 1.25x and the backward 1.20 / 0.94 /
+  1.27x the time of a parallel copy of the same bytes into a preallocated array (DESIGN §7:
+  <= 1.25 and <= 1.4). Called without it, each call allocates its result and the OS zeroes every
+  fresh page on first touch, which no kernel can avoid: forward 1.69 / 1.23 / 1.83x and backward
+  1.83 / 1.20 / 1.66x the preallocated copy, or 1.03 / 0.90 / 1.24x and 1.08 / 0.85 / 1.16x a
+  parallel copy into a new array. 15-18x faster than the NumPy oracle (forward) and 20-24x
+  (backward); 9.4-10.0x faster than torch 2.13 CPU F.rms_norm forward and 14.3-17.8x than its
+  forward+autograd backward. bfloat16 8192x4096 (no DESIGN target): 3.9x (forward) and 4.0x
+  (backward) the preallocated copy with ``out=``, as the half <-> float64 conversions are
+  compute-bound; 9.7x and 13.4x faster than torch.
 - Compilation: lazy (first call per dtype and layout), ``cache=True`` (on-disk cache next to this
-  file). Measured (float32, cold, fresh cache dir): forward v4 ~9 s, backward v4 ~11 s (v2: ~4
-  and ~8 s; the 64-lane loops are unrolled and vectorised by LLVM, which costs compile time);
-  0.02-0.04 s from the cache (plus ~0.8 s once per process to load Numba's runtime). After
+  file). Measured (float32, cold, fresh cache dir): forward v4 9.8 s; backward v5 4.9 s for
+  its own kernel (a call with a saved rstd) and 10.9 s more for v4's (the first call without
+  one); v2: ~4 and ~8 s (the 64-lane loops are unrolled and vectorised by LLVM, which costs
+  compile time); 0.02-0.04 s from the cache (plus ~0.7 s once per process to load Numba's
+  runtime). After
   editing ``_halfbits.py`` clear ``__pycache__/*.nb[ic]`` (Numba checks only the timestamp of
   the file holding the cached function).
 """
