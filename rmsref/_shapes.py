@@ -12,6 +12,11 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+try:
+    from numpy.exceptions import TooHardError
+except ImportError:  # NumPy < 1.25
+    from numpy import TooHardError  # type: ignore[attr-defined,no-redef]
+
 bfloat16 = np.dtype(ml_dtypes.bfloat16)
 
 #: The floating dtypes rmsref accepts, by name.
@@ -269,12 +274,23 @@ def check_out(
     if not out.flags.writeable:
         raise ValueError(f"{name} is read-only")
     for iname, a in inputs.items():
-        if isinstance(a, np.ndarray) and np.may_share_memory(out, a):
+        if isinstance(a, np.ndarray) and _overlap(out, a):
             raise ValueError(
-                f"{name} may share memory with {iname}; in-place results are not supported "
+                f"{name} shares memory with {iname}; in-place results are not supported "
                 "(pass a separate array)"
             )
     return out
+
+
+def _overlap(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether ``a`` and ``b`` share an element: the cheap bounds test, then the exact one for
+    interleaved views of one buffer (bounded work; "too hard" counts as overlapping)."""
+    if not np.may_share_memory(a, b):
+        return False
+    try:
+        return bool(np.shares_memory(a, b, max_work=1_000_000))
+    except TooHardError:
+        return True
 
 
 def reshape_view(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:

@@ -91,8 +91,8 @@ def test_bad_out_is_refused_naming_what_it_got(backend_name, rng):
         (np.empty((3, 5, N + 1), np.float32), ValueError, "shape (3, 5, 49)"),
         (np.empty(SHAPE, np.float64), TypeError, "dtype float64"),
         (np.empty(SHAPE, np.float32).tolist(), TypeError, "got list"),
-        (x, ValueError, "share memory with x"),
-        (x[:, ::-1], ValueError, "share memory with x"),
+        (x, ValueError, "shares memory with x"),
+        (x[:, ::-1], ValueError, "shares memory with x"),
     ]
     ro = np.empty(SHAPE, np.float32)
     ro.flags.writeable = False
@@ -100,10 +100,17 @@ def test_bad_out_is_refused_naming_what_it_got(backend_name, rng):
     for out, exc, text in cases:
         with pytest.raises(exc, match=text.replace("(", r"\(").replace(")", r"\)")):
             be.rms_norm_forward(x, N, w, out=out)
-    with pytest.raises(ValueError, match="share memory with dy"):
+    with pytest.raises(ValueError, match="shares memory with dy"):
         be.rms_norm_backward(dy, x, N, w, out=dy)
+    # interleaved halves of one buffer do not overlap: accepted (an exact test, not bounds)
+    both = np.empty(SHAPE[:-1] + (2 * N,), np.float32)
+    x_half, out_half = both[..., :N], both[..., N:]
+    x_half[...] = x
+    assert be.rms_norm(x_half, N, w, out=out_half) is out_half
+    assert np.array_equal(out_half, be.rms_norm(x, N, w))
+
     buf = np.empty(SHAPE, np.float32)
     w_in_buf = buf.reshape(-1)[:N]
     w_in_buf[:] = w
-    with pytest.raises(ValueError, match="share memory with weight"):
+    with pytest.raises(ValueError, match="shares memory with weight"):
         be.rms_norm_backward(dy, x, N, w_in_buf, out=buf)

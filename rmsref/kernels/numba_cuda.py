@@ -984,6 +984,11 @@ def _host_out(call: _Call, out: Any, shape: tuple[int, ...], kind: int,
     return check_out(out, shape, _DTYPE_OF_KIND[kind], inputs)
 
 
+def _give(result: Any, out: np.ndarray | None, shape: tuple[int, ...]) -> Any:
+    """A result as returned: itself, or copied into the caller's (host) ``out``."""
+    return result if out is None else into_out(result, out, shape)
+
+
 def prepare_forward(x: Any, normalized_shape: ShapeLike, weight: Any = None,
                     eps: float | None = None, *, bias: Any = None, offset: float = 0.0,
                     partial: float | None = None, out_dtype: Any = None, residual: Any = None,
@@ -1101,7 +1106,7 @@ def rms_norm_forward(
     y_out = _host_out(f.call, out, f.xs, f.ky, {"x": x, "weight": weight, "bias": bias})
     f.prepared.run()
     outputs = f.prepared.outputs
-    return (into_out(f.call.result(outputs["y"], f.ky, f.xs), y_out, f.xs),
+    return (_give(f.call.result(outputs["y"], f.ky, f.xs), y_out, f.xs),
             f.call.result(outputs["rstd"], F32, _stat_shape(f.xs, f.nshape)))
 
 
@@ -1145,7 +1150,7 @@ def rms_norm_backward(
     b.prepared.run()
     outputs = b.prepared.outputs
     return RMSNormGrads(
-        into_out(b.call.result(outputs["dx"], b.xo.kind, b.xs), dx_out, b.xs),
+        _give(b.call.result(outputs["dx"], b.xo.kind, b.xs), dx_out, b.xs),
         None if b.wo is None else b.call.result(outputs["dweight"], b.wo.kind, b.nshape),
         None if b.bo is None else b.call.result(outputs["dbias"], b.bo.kind, b.nshape),
     )

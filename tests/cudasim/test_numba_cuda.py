@@ -381,7 +381,7 @@ def test_out_host_arrays(kcuda, rng):
     out = np.empty_like(x)
     assert kcuda.rms_norm_backward(dy, x, n, rstd=rstd, out=out, launch=launch).dx is out
     assert out.tobytes() == dx_ref.tobytes()
-    with pytest.raises(ValueError, match="share memory with x"):
+    with pytest.raises(ValueError, match="shares memory with x"):
         kcuda.rms_norm_forward(x, n, out=x)
     xd = cuda.to_device(x.view(np.uint16))
     with pytest.raises(TypeError, match="device arrays"):
