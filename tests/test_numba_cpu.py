@@ -201,6 +201,12 @@ def test_multidim_shape_and_views_without_copies(rng):
         g = K.rms_norm_backward(dyv, xv, 65, wn)
         g_c = K.rms_norm_backward(np.ascontiguousarray(dyv), np.ascontiguousarray(xv), 65, wn)
         assert np.array_equal(g.dx, g_c.dx) and np.array_equal(g.dweight, g_c.dweight), name
+        # with a saved rstd: the pipelined kernel (v5) walking the same strides
+        _, rstd_v = K.rms_norm_forward(xv, 65, wn)
+        g = K.rms_norm_backward(dyv, xv, 65, wn, rstd=rstd_v)
+        g_c = K.rms_norm_backward(np.ascontiguousarray(dyv), np.ascontiguousarray(xv), 65, wn,
+                                  rstd=rstd_v)
+        assert np.array_equal(g.dx, g_c.dx) and np.array_equal(g.dweight, g_c.dweight), name
         _check_close(y, rmsref.rms_norm_forward(xv, 65, wn)[0], np.float32, name)
 
 
@@ -213,6 +219,8 @@ def test_half_strided_and_empty(rng):
     y, rstd = K.rms_norm_forward(e, 8)
     assert y.shape == (0, 3, 8) and rstd.shape == (0, 3, 1)
     g = K.rms_norm_backward(e, e, 8, np.ones(8, np.float32))
+    assert g.dx.shape == e.shape and np.array_equal(g.dweight, np.zeros(8, np.float32))
+    g = K.rms_norm_backward(e, e, 8, np.ones(8, np.float32), rstd=rstd)  # v5's own kernel
     assert g.dx.shape == e.shape and np.array_equal(g.dweight, np.zeros(8, np.float32))
 
 
@@ -230,7 +238,7 @@ def test_batch_invariance(rng):
         assert np.array_equal(ys, y[rows]) and np.array_equal(rs, rstd[rows]), rows
         gs = K.rms_norm_backward(dy[rows], x[rows], n, w)
         assert np.array_equal(gs.dx, g.dx[rows]), rows
-    g_saved = K.rms_norm_backward(dy, x, n, w, rstd=rstd)  # the pipelined path of v4
+    g_saved = K.rms_norm_backward(dy, x, n, w, rstd=rstd)  # the pipelined kernel (v5)
     for rows in (slice(0, 1), slice(63, 64), slice(7, 200), slice(299, 300)):
         gs = K.rms_norm_backward(dy[rows], x[rows], n, w, rstd=rstd[rows])
         assert np.array_equal(gs.dx, g_saved.dx[rows]), rows
