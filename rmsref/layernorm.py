@@ -31,14 +31,17 @@ from rmsref._rounding import round_to
 from rmsref._shapes import (
     ShapeLike,
     as_array,
+    check_out,
     check_rstd,
     check_same_shape,
     compute_dtype,
+    into_out,
     param_row,
     prepare_input,
     resolve_eps,
     resolve_out_dtype,
     result_dtype,
+    rows_into,
     stat_shape,
 )
 from rmsref.rmsnorm import _ColumnSum, _grad_out, _scale_offset
@@ -96,8 +99,12 @@ def layer_norm(
     weight: Any = None,
     bias: Any = None,
     eps: float = DEFAULT_EPS,
+    *,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """LayerNorm with ``torch.nn.functional.layer_norm`` semantics, computed in float64.
+
+    ``out``: where to write y (x's shape and dtype exactly; as :func:`rmsref.rms_norm`).
 
     Examples
     --------
@@ -105,7 +112,7 @@ def layer_norm(
     >>> rmsref.layer_norm(np.array([1.0, 2.0, 3.0, 4.0]), 4).round(4)
     array([-1.3416, -0.4472,  0.4472,  1.3416])
     """
-    return layer_norm_forward(x, normalized_shape, weight, bias, eps)[0]
+    return layer_norm_forward(x, normalized_shape, weight, bias, eps, out=out)[0]
 
 
 def layer_norm_forward(
@@ -116,11 +123,13 @@ def layer_norm_forward(
     eps: float = DEFAULT_EPS,
     *,
     out_dtype: Any = None,
+    out: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """LayerNorm forward, eqs. (1)-(6): ``(y, mean, rstd)``.
 
     ``mean`` and ``rstd`` are float64 (complex128 for complex input) with shape
     ``x.shape[:-k] + (1,) * k``: O(rows) statistics, all the backward needs besides x.
+    ``out``: where to write y (as :func:`rmsref.rms_norm`).
     """
     x, shape, xrows = prepare_input(x, normalized_shape)
     weight_arr = None if weight is None else as_array(weight, "weight")
@@ -130,8 +139,9 @@ def layer_norm_forward(
     m, n = xrows.shape
     wt = _scale_offset(param_row(weight_arr, "weight", shape, ctype), 0.0, n, ctype)
     b = param_row(bias, "bias", shape, ctype)
+    out = check_out(out, x.shape, dtype, {"x": x, "weight": weight_arr, "bias": bias})
 
-    y = np.empty((m, n), dtype)
+    y = rows_into(out, m, n, dtype)  # (M, N)
     mean = np.empty((m, 1), ctype)
     rstd = np.empty((m, 1), ctype)
     with np.errstate(all="ignore"):
@@ -142,7 +152,7 @@ def layer_norm_forward(
                 yr += b
             y[rows] = round_to(yr, dtype)
     stat = stat_shape(x, shape)
-    return y.reshape(x.shape), mean.reshape(stat), rstd.reshape(stat)
+    return into_out(y, out, x.shape), mean.reshape(stat), rstd.reshape(stat)
 
 
 def layer_norm_backward(
@@ -155,11 +165,13 @@ def layer_norm_backward(
     *,
     mean: Any = None,
     rstd: Any = None,
+    out: np.ndarray | None = None,
 ) -> LayerNormGrads:
     """LayerNorm backward in closed form, eqs. (7)-(11).
 
     ``mean`` and ``rstd``, when given (both), are the forward's saved statistics and are used as
-    they are; otherwise they are recomputed from ``x``.
+    they are; otherwise they are recomputed from ``x``. ``out``: where to write dx (as
+    :func:`rmsref.rms_norm_backward`).
     """
     x, shape, xrows = prepare_input(x, normalized_shape)
     dy_arr = as_array(dy, "dy")
@@ -176,8 +188,11 @@ def layer_norm_backward(
     saved_mean = check_rstd(mean, x, shape)
     saved_rstd = check_rstd(rstd, x, shape)
     dyrows = dy_arr.reshape(m, n)
+    dx_dtype = result_dtype(x.dtype, ctype)
+    out = check_out(out, x.shape, dx_dtype, {"dy": dy_arr, "x": x, "weight": weight_arr,
+                                             "mean": mean, "rstd": rstd})
 
-    dx = np.empty((m, n), result_dtype(x.dtype, ctype))
+    dx = rows_into(out, m, n, dx_dtype)  # (M, N)
     dweight = _ColumnSum(n, ctype)
     dbias = _ColumnSum(n, ctype)
     with np.errstate(all="ignore"):
@@ -195,7 +210,7 @@ def layer_norm_backward(
             if bias_arr is not None:
                 dbias.add(dyr)
     return LayerNormGrads(
-        dx.reshape(x.shape),
+        into_out(dx, out, x.shape),
         _grad_out(dweight.value(), weight_arr, shape),
         _grad_out(dbias.value(), bias_arr, shape),
     )

@@ -30,14 +30,17 @@ from rmsref._rounding import round_to
 from rmsref._shapes import (
     ShapeLike,
     as_array,
+    check_out,
     check_rstd,
     check_same_shape,
     compute_dtype,
+    into_out,
     param_row,
     prepare_input,
     resolve_eps,
     resolve_out_dtype,
     result_dtype,
+    rows_into,
     stat_shape,
 )
 from rmsref.rmsnorm import _ColumnSum, _dx_rows, _grad_out, _scale_offset, _stats_rows
@@ -62,9 +65,16 @@ class UnitNormGrads(NamedTuple):
 
 
 def unit_norm(
-    x: Any, normalized_shape: ShapeLike, weight: Any = None, eps: float = 0.0
+    x: Any,
+    normalized_shape: ShapeLike,
+    weight: Any = None,
+    eps: float = 0.0,
+    *,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """``x / sqrt(sum(x**2) + eps) * weight`` over the trailing ``normalized_shape`` dims.
+
+    ``out``: where to write y (x's shape and dtype exactly; as :func:`rmsref.rms_norm`).
 
     Examples
     --------
@@ -72,7 +82,7 @@ def unit_norm(
     >>> rmsref.unit_norm(np.array([3.0, 4.0]), 2)
     array([0.6, 0.8])
     """
-    return unit_norm_forward(x, normalized_shape, weight, eps)[0]
+    return unit_norm_forward(x, normalized_shape, weight, eps, out=out)[0]
 
 
 def unit_norm_forward(
@@ -83,8 +93,10 @@ def unit_norm_forward(
     *,
     bias: Any = None,
     out_dtype: Any = None,
+    out: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Unit-norm forward, eqs. (1)-(4): ``(y, rnorm)``, rnorm float64 with keepdims shape."""
+    """Unit-norm forward, eqs. (1)-(4): ``(y, rnorm)``, rnorm float64 with keepdims shape.
+    ``out``: where to write y (as :func:`rmsref.rms_norm`)."""
     x, shape, xrows = prepare_input(x, normalized_shape)
     weight_arr = None if weight is None else as_array(weight, "weight")
     ctype = compute_dtype(x, weight_arr)
@@ -93,8 +105,9 @@ def unit_norm_forward(
     m, n = xrows.shape
     wt = _scale_offset(param_row(weight_arr, "weight", shape, ctype), 0.0, n, ctype)
     b = param_row(bias, "bias", shape, ctype)
+    out = check_out(out, x.shape, dtype, {"x": x, "weight": weight_arr, "bias": bias})
 
-    y = np.empty((m, n), dtype)
+    y = rows_into(out, m, n, dtype)  # (M, N)
     rnorm = np.empty((m, 1), ctype)
     with np.errstate(all="ignore"):
         for rows in _sumsq.row_chunks(m, n):
@@ -103,7 +116,7 @@ def unit_norm_forward(
             if b is not None:
                 yr += b
             y[rows] = round_to(yr, dtype)
-    return y.reshape(x.shape), rnorm.reshape(stat_shape(x, shape))
+    return into_out(y, out, x.shape), rnorm.reshape(stat_shape(x, shape))
 
 
 def unit_norm_backward(
@@ -115,8 +128,10 @@ def unit_norm_backward(
     *,
     rnorm: Any = None,
     bias: Any = None,
+    out: np.ndarray | None = None,
 ) -> UnitNormGrads:
-    """Unit-norm backward in closed form, eqs. (5)-(8); ``rnorm`` as saved by the forward."""
+    """Unit-norm backward in closed form, eqs. (5)-(8); ``rnorm`` as saved by the forward.
+    ``out``: where to write dx (as :func:`rmsref.rms_norm_backward`)."""
     x, shape, xrows = prepare_input(x, normalized_shape)
     dy_arr = as_array(dy, "dy")
     check_same_shape(dy_arr, x, "dy")
@@ -129,8 +144,11 @@ def unit_norm_backward(
     param_row(bias_arr, "bias", shape, ctype)
     saved = check_rstd(rnorm, x, shape)
     dyrows = dy_arr.reshape(m, n)
+    dx_dtype = result_dtype(x.dtype, ctype)
+    out = check_out(out, x.shape, dx_dtype, {"dy": dy_arr, "x": x, "weight": weight_arr,
+                                             "rnorm": rnorm})
 
-    dx = np.empty((m, n), result_dtype(x.dtype, ctype))
+    dx = rows_into(out, m, n, dx_dtype)  # (M, N)
     dweight = _ColumnSum(n, ctype)
     dbias = _ColumnSum(n, ctype)
     with np.errstate(all="ignore"):
@@ -148,7 +166,7 @@ def unit_norm_backward(
             if bias_arr is not None:
                 dbias.add(dyr)
     return UnitNormGrads(
-        dx.reshape(x.shape),
+        into_out(dx, out, x.shape),
         _grad_out(dweight.value(), weight_arr, shape),
         _grad_out(dbias.value(), bias_arr, shape),
     )

@@ -964,6 +964,18 @@ def _bits(a: np.ndarray) -> np.ndarray:
     return a if view is None else a.view(view)
 
 
+def _result(out: Any, shape: tuple[int, ...], dtype: np.dtype, inputs: dict[str, Any]):
+    """The array a kernel writes y or dx into: the caller's ``out`` (validated), else new."""
+    arr = check_out(out, shape, dtype, inputs)
+    return np.empty(shape, dtype) if arr is None else arr
+
+
+def _written(rows3: np.ndarray, arr: np.ndarray) -> None:
+    """Copy a kernel's (B, R, N) rows into ``arr`` unless they are ``arr``'s own memory (they
+    are not only when ``out``'s layout made ``_rows3`` copy)."""
+    into_out(rows3, _bits(arr), arr.shape)
+
+
 def _rows3(arrays: list[np.ndarray], k: int) -> list[np.ndarray]:
     """(B, R, N) views of same-shaped arrays, one split (B, R) of the leading dims for all.
 
@@ -1044,14 +1056,12 @@ def _rms_norm_forward(
     kf = resolve_partial(partial, n)
     dtype = resolve_out_dtype(out_dtype, x)
     _check_real(np.empty(0, dtype), "out_dtype")
-    y = check_out(out, x.shape, dtype, {"x": x, "weight": w_arr, "bias": bias})
-    if y is None:
-        y = np.empty(x.shape, dtype)
+    y = _result(out, x.shape, dtype, {"x": x, "weight": w_arr, "bias": bias})
     x3, y3 = _rows3([_bits(x), _bits(y)], len(shape))
     rstd = np.empty(x3.shape[0] * x3.shape[1], _stat_dtype(x.dtype))
     has_bias = b is not None
     _launch(kernel, x3, w, b if has_bias else w, has_bias, kf, eps, y3, rstd)
-    into_out(y3, _bits(y), y.shape)  # a no-op unless out's layout made _rows3 copy
+    _written(y3, y)
     return y, rstd.reshape(stat_shape(x, shape))
 
 
@@ -1079,9 +1089,7 @@ def _rms_norm_backward(
     eps = resolve_eps(eps, x.dtype)
     kf = resolve_partial(partial, n)
     saved = _saved(rstd, x, shape, "rstd")
-    dx = check_out(out, x.shape, x.dtype, {"dy": dy, "x": x, "weight": w_arr, "rstd": rstd})
-    if dx is None:
-        dx = np.empty(x.shape, x.dtype)
+    dx = _result(out, x.shape, x.dtype, {"dy": dy, "x": x, "weight": w_arr, "rstd": rstd})
     dy3, x3, dx3 = _rows3([_bits(dy), _bits(x), _bits(dx)], len(shape))
     m = x3.shape[0] * x3.shape[1]
     nparts = _n_parts(m)
@@ -1091,7 +1099,7 @@ def _rms_norm_backward(
     has_rstd = saved is not None
     _launch(kernel, dy3, x3, w, kf, eps, has_rstd, saved if has_rstd else w, dx3, want_dw,
             want_db, dw_parts, db_parts)
-    into_out(dx3, _bits(dx), dx.shape)  # a no-op unless out's layout made _rows3 copy
+    _written(dx3, dx)
     return RMSNormGrads(
         dx, _param_grad(dw_parts, w_arr, shape), _param_grad(db_parts, b_arr, shape)
     )
@@ -1379,6 +1387,7 @@ def layer_norm_forward(
     eps: float = _LN_EPS,
     *,
     out_dtype: Any = None,
+    out: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """LayerNorm forward: ``(y, mean, rstd)``, as :func:`rmsref.layer_norm_forward`.
 
@@ -1386,6 +1395,8 @@ def layer_norm_forward(
     ----------
     x, normalized_shape, weight, bias, eps, out_dtype
         As in :func:`rmsref.layer_norm_forward`.
+    out : numpy.ndarray, optional
+        Where to write y, as in :func:`rms_norm_forward`.
 
     Returns
     -------
@@ -1401,19 +1412,26 @@ def layer_norm_forward(
     eps = resolve_eps(eps, x.dtype, default=_LN_EPS)
     dtype = resolve_out_dtype(out_dtype, x)
     _check_real(np.empty(0, dtype), "out_dtype")
-    y = np.empty(x.shape, dtype)
+    y = _result(out, x.shape, dtype, {"x": x, "weight": w_arr, "bias": bias})
     x3, y3 = _rows3([_bits(x), _bits(y)], len(shape))
     m = x3.shape[0] * x3.shape[1]
     mean = np.empty(m, _stat_dtype(x.dtype))
     rstd = np.empty(m, _stat_dtype(x.dtype))
     has_bias = b is not None
     _launch(_ln_fwd, x3, w, b if has_bias else w, has_bias, eps, y3, mean, rstd)
+    _written(y3, y)
     stat = stat_shape(x, shape)
     return y, mean.reshape(stat), rstd.reshape(stat)
 
 
 def layer_norm(
-    x: Any, normalized_shape: ShapeLike, weight: Any = None, bias: Any = None, eps: float = _LN_EPS
+    x: Any,
+    normalized_shape: ShapeLike,
+    weight: Any = None,
+    bias: Any = None,
+    eps: float = _LN_EPS,
+    *,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """LayerNorm (torch semantics), as :func:`rmsref.layer_norm`.
 
@@ -1421,13 +1439,15 @@ def layer_norm(
     ----------
     x, normalized_shape, weight, bias, eps
         As in :func:`rmsref.layer_norm`.
+    out : numpy.ndarray, optional
+        Where to write y, as in :func:`rms_norm_forward`.
 
     Returns
     -------
     numpy.ndarray
-        y in x's dtype.
+        y in x's dtype (``out`` when given).
     """
-    return layer_norm_forward(x, normalized_shape, weight, bias, eps)[0]
+    return layer_norm_forward(x, normalized_shape, weight, bias, eps, out=out)[0]
 
 
 def layer_norm_backward(
@@ -1440,6 +1460,7 @@ def layer_norm_backward(
     *,
     mean: Any = None,
     rstd: Any = None,
+    out: np.ndarray | None = None,
 ) -> LayerNormGrads:
     """LayerNorm backward, as :func:`rmsref.layer_norm_backward`.
 
@@ -1447,6 +1468,8 @@ def layer_norm_backward(
     ----------
     dy, x, normalized_shape, weight, bias, eps, mean, rstd
         As in :func:`rmsref.layer_norm_backward` (pass both saved statistics or neither).
+    out : numpy.ndarray, optional
+        Where to write dx, as in :func:`rms_norm_forward`.
 
     Returns
     -------
@@ -1465,7 +1488,8 @@ def layer_norm_backward(
         raise ValueError("pass both mean and rstd (the forward's saved statistics), or neither")
     saved_mean = _saved(mean, x, shape, "mean")
     saved_rstd = _saved(rstd, x, shape, "rstd")
-    dx = np.empty(x.shape, x.dtype)
+    dx = _result(out, x.shape, x.dtype, {"dy": dy, "x": x, "weight": w_arr, "mean": mean,
+                                         "rstd": rstd})
     dy3, x3, dx3 = _rows3([_bits(dy), _bits(x), _bits(dx)], len(shape))
     m = x3.shape[0] * x3.shape[1]
     nparts = _n_parts(m)
@@ -1475,6 +1499,7 @@ def layer_norm_backward(
     has_stats = saved_rstd is not None
     _launch(_ln_bwd, dy3, x3, w, eps, has_stats, saved_mean if has_stats else w,
             saved_rstd if has_stats else w, dx3, want_dw, want_db, dw_parts, db_parts)
+    _written(dx3, dx)
     return LayerNormGrads(
         dx, _param_grad(dw_parts, w_arr, shape), _param_grad(db_parts, b_arr, shape)
     )
