@@ -30,8 +30,9 @@ array. The DESIGN §7 targets (forward <= 1.25, backward <= 1.4) are checked lik
 "targets" lines under the table: a call with ``out=`` against the preallocated copy, and an
 allocating call against the copy that allocates too (every call that returns a new array -- ours,
 torch's, the oracle's -- pays the allocation and the OS zeroing its fresh pages, measured here at
-+25 % to +65 % of the copy time). Backward timings use the forward's saved rstd (as autograd
-does); "fwd+bwd" for torch is forward + autograd backward, compared with our forward + backward.
++28 % to +58 % of the copy time in bench/results/cpu.md). Backward timings use the forward's
+saved rstd (as autograd does); "fwd+bwd" for torch is forward + autograd backward, compared with
+our forward + backward.
 """
 
 from __future__ import annotations
