@@ -1,0 +1,1 @@
+"""Zoo entries: one module per package (or family), each with a list ``ENTRIES``."""
