@@ -55,18 +55,9 @@ def assert_rms_norm_close(
     AssertionError
         With the report's lines: worst element, ratio, error figures, diagnosis.
     """
+    from rmsref import diagnosis
     from rmsref.rmsnorm import rms_norm_backward, rms_norm_forward
-    from rmsref.validate import (
-        _MODEL,
-        CaseResult,
-        _Case,
-        _diagnose_dw,
-        _diagnose_dx,
-        _diagnose_y,
-        _Diagnoser,
-        _measure,
-        _rows2,
-    )
+    from rmsref.validate import _MODEL, CaseResult, _measure, _rows2
 
     if quantity not in ("y", "dx", "dweight"):
         raise ValueError(f"quantity must be 'y', 'dx' or 'dweight', got {quantity!r}")
@@ -94,10 +85,7 @@ def assert_rms_norm_close(
     if quantity != "y" and dy is None:
         raise ValueError(f"quantity={quantity!r} needs the dy the backward was given")
     g = None if dy is None else as_array(dy, "dy")
-    case = _Case("assert", xa, w, shape, eps, g if g is not None else np.zeros_like(xa))
     res = CaseResult("assert", str(dt), quantity, tuple(a.shape), False)
-    diag = _Diagnoser()
-    where = f"{quantity}/{dt}"
     if quantity == "y":
         expected = _rows2(y_ref, n)
         if a.size != expected.size:
@@ -105,9 +93,6 @@ def assert_rms_norm_close(
         b = tol.bound_y(expected, model)
         got = _rows2(a, n)
         ratio = _measure(res, got, expected, b, dt)
-        if not res.passed:
-            _diagnose_y(res, case, dt, n, got, expected, b, ratio, eps_val, w_eff, conv, diag,
-                        where)
     else:
         gr = rms_norm_backward(g.astype(np.float64), x64, shape, w64, eps_val, offset=offset)
         g2 = _rows2(g, n)
@@ -118,8 +103,6 @@ def assert_rms_norm_close(
             b = tol.bound_dx(expected, g2, xhat2, rstd2, w_eff, model)
             got = _rows2(a, n)
             ratio = _measure(res, got, expected, b, dt)
-            if not res.passed:
-                _diagnose_dx(res, case, n, got, b, ratio, eps_val, w_eff, diag, where)
         else:
             if w is None:
                 raise ValueError("quantity='dweight' needs the weight")
@@ -130,9 +113,6 @@ def assert_rms_norm_close(
             b = tol.bound_dweight(expected.reshape(n), g2, xhat2, model).reshape(1, n)
             got = np.asarray(a, np.float64).reshape(1, n)
             ratio = _measure(res, got, expected, b, dt)
-            if not res.passed:
-                _diagnose_dw(res, case, n, got.reshape(n), g2, xhat2, b.reshape(n), ratio, w_eff,
-                             diag, where)
     if res.passed:
         return
     n_bad = int(np.count_nonzero(ratio > 1.0))
@@ -144,5 +124,7 @@ def assert_rms_norm_close(
         f"{float(expected[r, c])!r}, bound {float(b[r, c]):.3g}, ratio {res.ratio:.3g}",
         f"  max abs {res.max_abs:.3g}, max rel {res.max_rel:.3g}, max ulp {res.max_ulp:.3g}",
     ]
-    lines.extend(d.line() for d in diag.finish())
+    obs = diagnosis.Observation("assert", quantity, xa, shape, w, g, eps, eps_val, offset, got,
+                                model, res.ratio, False)
+    lines.extend(d.line() for d in diagnosis.diagnose([obs]))
     raise AssertionError("\n".join(lines))

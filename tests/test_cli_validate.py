@@ -73,7 +73,7 @@ def test_failing_implementation_exits_1_with_diagnosis(kernels, capsys):
     capsys.readouterr()
     rc = main(["validate", f"{kernels}:rms_norm", "--backward", f"{kernels}:no_projection_bwd",
                "--dtype", "float32", "--probes", "gaussian", "--no-progress"])
-    assert rc == 1 and "DIAGNOSIS [no_projection]" in capsys.readouterr().out
+    assert rc == 1 and "DIAGNOSIS [missing_projection]" in capsys.readouterr().out
 
 
 def test_validate_torch_exits_0():

@@ -110,16 +110,16 @@ def test_correct_implementation_passes_every_probe():
 
 
 PLANTED = [
-    ("no_projection", "torch", "no_projection"),
-    ("nm1", "torch", "nm1"),
-    ("nm1_c", "torch", "nm1_c"),
-    ("eps_outside", "torch", "eps_outside"),
+    ("no_projection", "torch", "missing_projection"),
+    ("nm1", "torch", "n_minus_1"),
+    ("nm1_c", "torch", "projection_scale"),
+    ("eps_outside", "torch", "eps_outside_sqrt"),
     ("double_rounding", "torch", "double_rounding"),
-    ("default_eps", "torch", "default_eps"),
-    ("offset_wdtype", "gemma", "offset_wdtype"),
-    ("dweight_axis", "torch", "dweight_axis"),
+    ("default_eps", "torch", "eps_value"),
+    ("offset_wdtype", "gemma", "offset_rounding"),
+    ("dweight_axis", "torch", "dweight_reduction"),
     ("tail_y", "torch", "tail"),
-    ("tail_stat", "torch", "tail_stat"),
+    ("tail_stat", "torch", "tail_statistic"),
     ("nondeterministic", "torch", "nondeterministic"),
 ]
 
@@ -131,9 +131,9 @@ def test_planted_bug_is_flagged_with_its_diagnosis(bug, convention, code):
     assert not rep
     codes = [d.code for d in rep.diagnoses]
     assert code in codes, "\n".join(rep.lines())
-    # the diagnosis that explains the failures comes first or alone for single-cause bugs
-    if bug not in ("offset_wdtype",):
-        assert codes[0] == code, codes
+    # the diagnosis that explains the failures comes first for single-cause bugs
+    assert codes[0] == code, codes
+    assert "no_known_cause" not in codes, "\n".join(rep.lines())
     assert any(code in c.diagnoses for c in rep.failures)
 
 
@@ -199,7 +199,7 @@ def test_assert_rms_norm_close(rng):
     with pytest.raises(AssertionError, match=r"(?s)not within.*worst at.*double_rounding"):
         assert_rms_norm_close(bad_fwd(x, 256, w), x, 256, w)
     _, bad_bwd = make_impl("no_projection")
-    with pytest.raises(AssertionError, match="no_projection"):
+    with pytest.raises(AssertionError, match="missing_projection"):
         assert_rms_norm_close(bad_bwd(dy, x, 256, w)[0], x, 256, w, quantity="dx", dy=dy)
     with pytest.raises(ValueError, match="needs the dy"):
         assert_rms_norm_close(dx, x, 256, w, quantity="dx")
