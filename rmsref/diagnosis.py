@@ -397,10 +397,9 @@ class Hypothesis:
         return out
 
     def forward_part(self) -> Hypothesis:
-        """The value mutations of the forward (what the backward inherits): no rounding
-        modes, no backward fields."""
-        return replace(self, rounding="once", precision=None, as_float32=False, projection=1.0,
-                       separate_terms=False, dweight="rows", offset_rounded=False)
+        """What the backward inherits of a forward's explanation: everything but the backward
+        fields (autograd replays the forward's roundings, so they widen dx's bound too)."""
+        return replace(self, projection=1.0, separate_terms=False, dweight="rows")
 
     @property
     def size(self) -> int:
@@ -481,12 +480,13 @@ def _family(h: Hypothesis, X: np.ndarray, eps: float, dt: np.dtype) -> _Family:
         keep = (k // h.stat_block) * h.stat_block or k
         b = np.where(np.arange(k) < keep, b, 0.0)
     d = {"N": float(k), "N-1": float(k - 1), "1": 1.0}[h.divisor]
-    if h.precision == "native":                       # R_t(x²), fp32 mean, R_t(ms), R_t(ms+eps)
+    if h.precision in ("native", "native_div"):       # R_t(x²), fp32 mean, R_t(ms), R_t(ms+eps)
         b2 = _rt(b * b, dt)
         s = _rt(np.sum(b2, axis=1, keepdims=True) / d, dt)
         s_eps = _rt(s + eps, dt)
         q = np.sqrt(s_eps)
-        r = _rt(1.0 / q, dt)
+        # rsqrt rounded once, or (torch's half rsqrt) sqrt rounded, then 1/· rounded
+        r = _rt(1.0 / q, dt) if h.precision == "native" else _rt(1.0 / _rt(q, dt), dt)
         return _Family(a, b, s, q, r, d)
     if h.precision == "sequential":                    # acc += x² in the input dtype
         acc = np.cumsum(_rt(b * b, dt).astype(dt), axis=1, dtype=dt)[:, -1:].astype(np.float64)
@@ -539,7 +539,8 @@ def predict(h: Hypothesis, obs: Observation) -> Prediction | None:
             return None
         x2 = x2.astype(np.float32).astype(np.float64)
         model = replace(model, out_dtype=np.dtype(np.float32), acc_dtype=np.dtype(np.float32))
-    w_eff = obs.w + obs.offset + h.offset
+    # (code without a weight has no offset to get wrong: its path skips the scale)
+    w_eff = obs.w + obs.offset + (h.offset if obs.weight is not None else 0.0)
     if h.offset_rounded:                               # R_w(offset + w): rounded in w's dtype
         if obs.weight is None or obs.weight.dtype not in _HALF or not (obs.offset + h.offset):
             return None
@@ -547,28 +548,39 @@ def predict(h: Hypothesis, obs: Observation) -> Prediction | None:
     rows, n = x2.shape
     W = np.broadcast_to(w_eff, (rows, n))
     with np.errstate(all="ignore"):
-        fam = _family(h, grp.to_view(x2), eps, dt)
+        X = grp.to_view(x2)
+        fam = _family(h, X, eps, dt)
         xhat = grp.from_view(fam.a * fam.r)                        # (R, N)  x̂ of the mutation
         rstd = grp.from_view(np.broadcast_to(fam.r, fam.a.shape))  # (R, N)  rstd per element
+        # Removing the mean cancels: the variance of a row with mean μ and deviation σ carries
+        # rounding errors (μ² + σ²)/σ² times larger than a mean of squares does.
+        cond = grp.from_view(np.broadcast_to(
+            np.sum(X * X, axis=1, keepdims=True) / np.sum(fam.b * fam.b, axis=1, keepdims=True),
+            X.shape)) if h.centre_stat else 1.0
+        cond = np.where(np.isfinite(cond), cond, 1.0)
         if obs.quantity == "y":
-            return _predict_y(h, obs, model, xhat, W, dt)
-        return _predict_backward(h, obs, model, fam, grp, xhat, rstd, W, w_eff)
+            pred = _predict_y(h, obs, model, xhat, rstd, W, dt)
+        else:
+            pred = _predict_backward(h, obs, model, fam, grp, xhat, rstd, W, w_eff)
+    if pred is not None:
+        pred.bound = pred.bound * (np.max(cond, axis=0, keepdims=True)
+                                   if obs.quantity == "dweight" and np.ndim(cond) else cond)
+    return pred
 
 
-def _predict_y(h, obs, model, xhat, W, dt) -> Prediction:
+def _predict_y(h, obs, model, xhat, rstd, W, dt) -> Prediction:
     exact = xhat * W                                               # (R, N)  y
     k_extra = 0
     emulated = None
     if h.rounding == "double":
         k_extra = 1
         emulated = _rt(_rt(xhat, dt) * W, dt)
-    elif h.rounding == "trunc":
+    elif h.rounding == "trunc":                        # the low bits of a float32 dropped
         k_extra = 1
-        emulated = _trunc(exact, dt)
-    elif h.precision == "native":
+        emulated = _trunc(exact.astype(np.float32).astype(np.float64), dt)
+    elif h.precision in ("native", "native_div"):
         k_extra = 2                                               # R_t(x·rstd), then ·w
-        emulated = _rt(_rt(obs.x2 * _rt(xhat / np.where(obs.x2 == 0, 1, obs.x2), dt), dt) * W, dt)
-        emulated = np.where(obs.x2 == 0, 0.0, emulated)
+        emulated = _rt(_rt(obs.x2 * rstd, dt) * W, dt)          # rstd is already R_t
     elif dt in _HALF:
         emulated = _rt(exact, dt)
     if h.precision is not None:
@@ -580,6 +592,11 @@ def _predict_y(h, obs, model, xhat, W, dt) -> Prediction:
 def _predict_backward(h, obs, model, fam, grp, xhat, rstd, W, w_eff) -> Prediction | None:
     if obs.dy is None:
         return None
+    # the forward's extra roundings, replayed by autograd, widen the backward's bound
+    k_extra = {"once": 0, "double": 1, "trunc": 1}[h.rounding] + (2 if h.precision else 0) \
+        + (1 if h.offset_rounded else 0)
+    model = replace(model, k_out=model.k_out + k_extra,
+                    acc_dtype=obs.dtype if h.precision else model.acc_dtype)
     g_view = grp.to_view(obs.g2 * W)                               # (G, K)  g = dy·w
     ga = np.sum(g_view * fam.a, axis=1, keepdims=True)             # (G, 1)  Σ g·a
     if obs.quantity == "dx":
@@ -597,8 +614,11 @@ def _predict_backward(h, obs, model, fam, grp, xhat, rstd, W, w_eff) -> Predicti
             emulated = _rt(_rt(term1, dt) - _rt(term2, dt), dt)
         else:
             emulated = _rt(exact, dt) if dt in _HALF else None
-        # the size of the two terms before they cancel (per row: the largest rstd of the row)
-        bound = tol.bound_dx(exact, obs.g2, xhat, np.max(rstd, axis=1), w_eff, model)
+        # the size of the two terms before they cancel, as the mutation computes them
+        m = grp.from_view(fam.r * np.abs(g_view) + abs(_projection(h, obs.n)) * fam.r * fam.r
+                          * np.sum(np.abs(g_view * fam.a), axis=1, keepdims=True)
+                          * np.abs(fam.b) / (fam.q * fam.d))
+        bound = tol.bound_dx_of_magnitude(exact, m, model)
         return Prediction(exact, bound, emulated)
     # dweight: Σ_rows dy·x̂ (dy·x̂ per row, then the rows the hypothesis sums)
     terms = obs.g2 * xhat                                          # (R, N)
@@ -647,10 +667,13 @@ class Score:
 
     ratio: float                 # worst |got − mutated| / bound
     match: float | None          # bit-exact fraction (half dtypes), else None
+    exact_output: bool = True    # whether the bits can be expected to match (y: yes; dx and
+    #                              dweight: cancellation and sums leave last bits to the order)
 
     @property
     def explains(self) -> bool:
-        return self.ratio <= 1.0 and (self.match is None or self.match >= MIN_MATCH)
+        return self.ratio <= 1.0 and (self.match is None or not self.exact_output
+                                      or self.match >= MIN_MATCH)
 
 
 def score(h: Hypothesis, obs: Observation) -> Score | None:
@@ -670,7 +693,7 @@ def score(h: Hypothesis, obs: Observation) -> Score | None:
         e = pred.emulated[keep]
         same = (e == got[keep]) | (np.isnan(e) & np.isnan(got[keep]))
         match = float(np.mean(same))
-    return Score(ratio if math.isfinite(ratio) else math.inf, match)
+    return Score(ratio if math.isfinite(ratio) else math.inf, match, obs.quantity == "y")
 
 
 def _error(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -814,9 +837,10 @@ class _Scores:
         return self._memo[key]
 
 
-def _forward_candidates(failing: Sequence[Observation], everything: Sequence[Observation],
-                        scores: _Scores) -> list[Hypothesis]:
-    """One mutation at a time, then pairs of the promising ones with each other."""
+def _forward_candidates(failing: Sequence[Observation], scores: _Scores
+                        ) -> tuple[list[Hypothesis], list[Hypothesis]]:
+    """One mutation at a time, and pairs of the promising ones (each bringing some failing case
+    at least 2x closer) with each other."""
     ref_eps = {o.eps for o in failing}
     eps_values: list[float | str] = [e for e in _EPS_GRID if e not in ref_eps] + [_INPUT_EPS]
     for base in (CORRECT, Hypothesis(eps_outside=True)):
@@ -835,19 +859,20 @@ def _forward_candidates(failing: Sequence[Observation], everything: Sequence[Obs
     singles += [Hypothesis(offset=d) for d in sorted({1.0, -1.0} | ({offset} if offset else set()))]
     dtypes = {o.dtype for o in failing}
     if dtypes & set(_HALF):
-        singles += [Hypothesis(precision="native"), Hypothesis(precision="sequential")]
+        singles += [Hypothesis(precision=p) for p in ("native", "native_div", "sequential")]
     if np.dtype(np.float64) in dtypes:
         singles.append(Hypothesis(as_float32=True))
     # A mutation is promising when it brings some failing case at least 2x closer.
     promising = []
+    sample = _spread(failing, 16)
     for h in singles:
-        for o in failing:
+        for o in sample:
             s = scores(h, o)
             if s is not None and s.ratio * 2.0 < o.ratio:
                 promising.append(h)
                 break
     pairs = [_merge(a, b) for i, a in enumerate(promising) for b in promising[i + 1:]]
-    return singles + [p for p in pairs if p is not None]
+    return singles, [p for p in pairs if p is not None]
 
 
 def _snap(v: float) -> float:
@@ -902,8 +927,12 @@ def _cover(cands: Sequence[Hypothesis], failing: Sequence[Observation],
     rejected: set[Hypothesis] = set()
     while remaining:
         best, best_key = None, None
+        sample = _spread(remaining)
         for h in cands:
             if h in rejected or h == CORRECT:
+                continue
+            # a cause that explains none of a spread sample is not the strongest: skip it
+            if not any(_explains(h, scores(h, o), scores(CORRECT, o)) for o in sample):
                 continue
             got = [(o, scores(h, o)) for o in remaining]
             expl = [(o, s) for o, s in got if _explains(h, s, scores(CORRECT, o))]
@@ -927,6 +956,16 @@ def _cover(cands: Sequence[Hypothesis], failing: Sequence[Observation],
     return chosen, remaining
 
 
+def _spread(obs: Sequence[Observation], k: int = 8) -> list[Observation]:
+    """Up to ``k`` cases, one per (probe, dtype, quantity) first: a sample that sees every kind
+    of failure."""
+    seen: dict[tuple[str, str, str], Observation] = {}
+    for o in obs:
+        seen.setdefault((o.probe, o.dname, o.quantity), o)
+    groups = list(seen.values())
+    return groups[:: max(1, len(groups) // k)][:k] if len(groups) > k else groups
+
+
 def _explains(h: Hypothesis, s: Score | None, correct: Score | None) -> bool:
     """``s`` explains its case, and on half dtypes reproduces the bits at least as well as the
     correct computation does (clearly better, 2 points, when ``h`` only adds roundings)."""
@@ -934,7 +973,10 @@ def _explains(h: Hypothesis, s: Score | None, correct: Score | None) -> bool:
         return False
     if s.match is None or correct is None or correct.match is None:
         return True
-    return s.match >= correct.match + (0.02 if h.loosens else 0.0)
+    # a cause that only adds roundings must show them in the bits: on y, or on dx/dweight when
+    # the rounding is the backward's own (inherited forward roundings do not change dx's bits)
+    own_rounding = h.loosens if s.exact_output else (h.separate_terms or h.dweight == "half_sum")
+    return s.match >= correct.match + (0.02 if own_rounding else 0.0)
 
 
 def _consistent(h: Hypothesis, passing: Sequence[Observation], scores: _Scores) -> bool:
@@ -972,9 +1014,14 @@ def diagnose(observations: Sequence[Observation]) -> list[Diagnosis]:
     y_fail = [o for o in failing if o.quantity == "y"]
     base = CORRECT
     if y_fail:
-        cands = _forward_candidates(y_fail, observations, scores)
-        tried += [c for h in cands for c in h.codes()]
-        got, rest = _cover(cands, y_fail, [o for o in passing if o.quantity == "y"], scores)
+        singles, pairs = _forward_candidates(y_fail, scores)
+        tried += [c for h in singles for c in h.codes()]
+        y_pass = [o for o in passing if o.quantity == "y"]
+        got, rest = _cover(singles, y_fail, y_pass, scores)
+        if (rest or len(got) > 1) and pairs:      # two causes at once may explain it better
+            got2, rest2 = _cover(singles + pairs, y_fail, y_pass, scores)
+            if (len(rest2), len(got2)) < (len(rest), len(got)):
+                got, rest = got2, rest2
         chosen += got
         unexplained += rest
         if got:
@@ -1069,7 +1116,7 @@ def _fields(h: Hypothesis, obs: Sequence[Observation], ev: Evidence) -> dict[str
     else:
         fields.update(axes="the batch axis (over rows) instead of the features",
                       fix_axes="the trailing (feature) dims, one statistic per row")
-    if h.precision == "native":
+    if h.precision in ("native", "native_div"):
         fields["how"] = "x², the mean, rstd and x·rstd each rounded to the input dtype"
     elif h.precision == "sequential":
         fields["how"] = "x² summed in a 16-bit accumulator"

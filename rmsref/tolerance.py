@@ -249,7 +249,11 @@ def bound_dx(
     model: ErrorModel,
 ) -> np.ndarray:
     """Per-element bound of eq. (dx); ``dx`` is the exact gradient (for the output rounding)."""
-    m = dx_magnitude(dy, xhat, rstd, weight, model.n)
+    return bound_dx_of_magnitude(dx, dx_magnitude(dy, xhat, rstd, weight, model.n), model)
+
+
+def bound_dx_of_magnitude(dx: np.ndarray, m: np.ndarray, model: ErrorModel) -> np.ndarray:
+    """Eq. (dx) from the terms' size ``m`` (M_i, :func:`dx_magnitude`) and the exact ``dx``."""
     return model.dx_rel() * m + model.k_out * model.u_out * np.abs(
         np.asarray(dx, dtype=np.float64)) + model.atol
 

@@ -394,6 +394,9 @@ class _Diagnoser:
         fitted = diagnosis.diagnose(self.observations)
         codes = {d.code for d in fitted}
         out = list(fitted)
+        if "low_precision_accumulation" in codes:   # it rounds x̂ before w: not a second cause
+            codes.add("double_rounding")
+            self.direct = [d for d in self.direct if d.code != "double_rounding"]
         for d in self.direct:
             if d.code in codes:        # the same cause, also seen by a direct check
                 same = next(f for f in fitted if f.code == d.code)
