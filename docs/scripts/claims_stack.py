@@ -151,7 +151,6 @@ class Grads:
     dxs: list[np.ndarray]
     dlayers: list[Layer]
     dgamma_final: np.ndarray | None = None
-    extra: dict = field(default_factory=dict)
 
     def flat(self) -> list[np.ndarray]:
         """The parameter gradients in the order of ``Stack.params``."""
@@ -197,13 +196,14 @@ def stack_backward(stack: Stack, dy: np.ndarray, fwd: Forward) -> Grads:
             df = dx  # (B, d)  x_{l+1} = x_l + f: the sublayer gets dx_{l+1} as is
             dh, dw1, dw2 = mlp_backward(df, lay, c.mlp)
             g = rmsref.rms_norm_backward(dh, c.norm_in, d, lay.gamma, eps, rstd=c.rstd)
-            # x_l feeds the norm and the skip: the skip's dx_{l+1} plus the path through the norm
+            # x_l feeds the skip and the norm: skip term dx_{l+1} + sublayer term (through norm)
             dx = dx + g.dx if stack.residual else g.dx  # (B, d)
         else:
             g = rmsref.rms_norm_backward(dx, c.norm_in, d, lay.gamma, eps, rstd=c.rstd)
             ds = g.dx  # (B, d)  x_{l+1} = RMSNorm(s): every path to x_l goes through the norm
             dh, dw1, dw2 = mlp_backward(ds, lay, c.mlp)
-            dx = ds + dh if stack.residual else dh  # (B, d)  s = x_l + f(x_l): x_l feeds both
+            # s = x_l + f(x_l): skip term ds + sublayer term dh, both behind this layer's norm
+            dx = ds + dh if stack.residual else dh  # (B, d)
         dlayers.append(Layer(dw1, dw2, g.dweight))
         dxs.append(dx)
     return Grads(dx, dxs[::-1], dlayers[::-1], dgamma_final)
