@@ -684,7 +684,7 @@ def score(h: Hypothesis, obs: Observation) -> Score | None:
     got = obs.got
     keep = np.ones(got.shape[0], bool) if obs.mask_rows is None or obs.quantity == "dweight" \
         else obs.mask_rows
-    err = _error(got[keep], pred.exact[keep])
+    err = tol.abs_error(got[keep], pred.exact[keep])
     with np.errstate(divide="ignore", invalid="ignore"):
         r = np.where(err == 0, 0.0, err / pred.bound[keep])
     ratio = float(np.max(r)) if r.size else 0.0
@@ -694,14 +694,6 @@ def score(h: Hypothesis, obs: Observation) -> Score | None:
         same = (e == got[keep]) | (np.isnan(e) & np.isnan(got[keep]))
         match = float(np.mean(same))
     return Score(ratio if math.isfinite(ratio) else math.inf, match, obs.quantity == "y")
-
-
-def _error(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    with np.errstate(invalid="ignore", over="ignore"):
-        e = np.abs(a - b)
-    same = (np.isnan(a) & np.isnan(b)) | (np.isinf(a) & np.isinf(b) & (a == b))
-    e = np.where(same, 0.0, e)
-    return np.where(np.isnan(e), np.inf, e)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1183,7 +1175,7 @@ def _tail_blocks(o: Observation) -> set[int]:
     pred = predict(CORRECT, o)
     if pred is None or o.quantity == "dweight":
         return set()
-    err = _error(o.got, pred.exact)
+    err = tol.abs_error(o.got, pred.exact)
     with np.errstate(divide="ignore", invalid="ignore"):
         bad = np.nonzero(np.where(err == 0, 0.0, err / pred.bound) > 1.0)[1]
     if bad.size == 0:

@@ -325,6 +325,18 @@ def bound(
     raise ValueError(f"quantity must be 'y', 'dx' or 'dweight', got {quantity!r}")
 
 
+def abs_error(actual: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """|actual − ref| in float64; NaN where both are NaN and equal infinities count as 0, a lone
+    non-finite value as inf (it is never within a bound)."""
+    a = np.asarray(actual, dtype=np.float64)
+    r = np.asarray(ref, dtype=np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        e = np.abs(a - r)
+    same = (np.isnan(a) & np.isnan(r)) | (np.isinf(a) & np.isinf(r) & (a == r))
+    e = np.where(same, 0.0, e)
+    return np.where(np.isnan(e), np.inf, e)
+
+
 def ulp(v: np.ndarray, dtype) -> np.ndarray:
     """Spacing of ``dtype``'s numbers at |v| (v float64): the size of one ulp there."""
     dt = np.dtype(dtype)

@@ -328,22 +328,10 @@ def _rows2(a: np.ndarray, n: int) -> np.ndarray:
     return np.asarray(a, dtype=np.float64).reshape(-1, n)
 
 
-def _error(actual: np.ndarray, ref: np.ndarray) -> np.ndarray:
-    """|actual − ref| in float64; NaN where both are NaN counts as 0, a lone non-finite as inf."""
-    a = np.asarray(actual, dtype=np.float64)
-    r = np.asarray(ref, dtype=np.float64)
-    with np.errstate(invalid="ignore", over="ignore"):
-        e = np.abs(a - r)
-    both_nan = np.isnan(a) & np.isnan(r)
-    same_inf = np.isinf(a) & np.isinf(r) & (a == r)
-    e = np.where(both_nan | same_inf, 0.0, e)
-    return np.where(np.isnan(e), np.inf, e)
-
-
 def _measure(result: CaseResult, actual2: np.ndarray, ref2: np.ndarray, bound2: np.ndarray,
              out_dtype: np.dtype, mask_rows: np.ndarray | None = None) -> np.ndarray:
     """Fill the error figures of ``result``; return the per-element ratio (rows, N)."""
-    err = _error(actual2, ref2)
+    err = tol.abs_error(actual2, ref2)
     if mask_rows is not None:
         err = np.where(mask_rows[:, None], err, 0.0)
     with np.errstate(divide="ignore", invalid="ignore"):
