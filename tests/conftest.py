@@ -1,4 +1,4 @@
-"""Shared fixtures: the dtype table, a seeded generator, and the backend registry (STYLE §5)."""
+"""Shared fixtures: the dtype table, a seeded generator, and the backend registry."""
 
 from __future__ import annotations
 

@@ -179,6 +179,29 @@ def test_kernel_docstring_sections_used_by_the_docs_exist():
         assert rmsref_docs.docstring_section(doc, title.strip())
 
 
+def test_variant_rows_become_a_definition_list():
+    """Kernel docstrings' ``term  description`` rows render as a definition list, not as text
+    with raw markup; a heading line above them becomes bold, bullets and ``::`` code stay."""
+    text = ("RMSNorm forward\n"
+            "    v1  first variant, which takes\n"
+            "        two lines\n"
+            "    v2  as v1, but faster\n"
+            "backward ``block`` one line\n"
+            "                   and its continuation\n"
+            "Plain prose after the rows.\n"
+            "- a bullet with ``code``\n"
+            "Forcing::\n")
+    md = rmsref_docs.docstring_as_markdown(text).splitlines()
+    assert "**RMSNorm forward**" in md
+    i = md.index("v1")
+    assert md[i + 1:i + 3] == [": first variant, which takes", "  two lines"]
+    j = md.index("backward ``block``")
+    assert md[j + 1:j + 3] == [": one line", "  and its continuation"]
+    assert md[md.index("v2") + 1] == ": as v1, but faster"
+    assert "Plain prose after the rows." in md and "- a bullet with ``code``" in md
+    assert md[-1] == "Forcing:"
+
+
 def test_verbatim_docstring_list_names_real_objects():
     """Docstrings shown verbatim (their reST does not parse yet) must exist, so the list is
     pruned when they are renamed; see docs/_ext/rmsref_docs.py for what each needs."""

@@ -377,9 +377,9 @@ def _agreement(module: Any, dtype: np.dtype, seed: int, quick: bool) -> dict[str
     """Backend vs oracle for one dtype over the shapes: quantity -> (err, bound, ratio, detail).
 
     The reference is the oracle in float64 on exactly the backend's (rounded) inputs, with the
-    eps the backend's default resolves to; bounds are rmsref.tolerance's (DESIGN §5, its default
-    probabilistic form). rstd is compared relatively, against ρ (tolerance.ErrorModel.rho) plus
-    one rounding to the dtype the backend stores it in.
+    eps the backend's default resolves to; bounds are rmsref.tolerance's (docs/tolerances.md, its
+    default probabilistic form). rstd is compared relatively, against ρ
+    (tolerance.ErrorModel.rho) plus one rounding to the dtype the backend stores it in.
     """
     import rmsref
     from rmsref import tolerance
