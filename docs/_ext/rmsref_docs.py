@@ -11,7 +11,8 @@
 2. Directives that build content from the code, so that a page cannot drift from it:
    ``rmsref-identities`` (one section per entry of ``rmsref.identities.REGISTRY``),
    ``rmsref-conventions`` (the table of ``rmsref.conventions.CONVENTIONS``), ``rmsref-docstring``
-   (a module docstring or one of its sections, verbatim, read without importing the module) and
+   (a module docstring verbatim, or one of its sections as prose, read without importing the
+   module) and
    ``rmsref-figure-if-made`` (an image once its data exists, a visible "pending" note before).
 
 This module imports Sphinx and docutils only inside ``setup`` and the directive factory, so the
@@ -266,7 +267,8 @@ def _directives():
             return [_table(headers, rows, [10, 22, 26, 14, 14, 24])]
 
     class DocstringSectionDirective(Directive):
-        """A module docstring, or one of its sections, shown verbatim: ``module [heading start]``.
+        """A module docstring, verbatim, or one of its sections, as prose (see
+        ``docstring_as_markdown``): ``module [heading start]``.
 
         Sections are the docstring's own headings (a line underlined with dashes); the text runs
         to the next heading. Kernel pages use it so the variant lists are the code's own.
@@ -293,7 +295,11 @@ def _directives():
                 text = docstring_section(doc, title)
             except KeyError as exc:
                 raise self.error(str(exc)) from None
-            # Parsed as MyST (this directive sits in Markdown pages), so the page reads as prose.
+            if title is None:  # a whole module docstring: aligned equation displays, verbatim
+                block = nodes.literal_block(text, text, classes=["rmsref-derivation"])
+                block["language"] = "none"
+                return [block]
+            # A section (variant lists, contracts) is prose: parsed as MyST, the pages' markup.
             from docutils.statemachine import StringList
 
             container = nodes.container(classes=["rmsref-docstring"])
