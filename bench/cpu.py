@@ -1,6 +1,6 @@
-"""Validate, then time, the Numba CPU kernels against a parallel copy of the same bytes (DESIGN §7).
+"""Validate, then time, the Numba CPU kernels against a parallel copy of the same bytes.
 
-    python bench/cpu.py                      # the DESIGN §7 cases, table -> bench/results/cpu.md
+    python bench/cpu.py                      # the target cases, table -> bench/results/cpu.md
     python bench/cpu.py --quick              # tiny float32 case, one round (a smoke run)
     python bench/cpu.py --cases float32:8192x4096,bfloat16:8192x4096 --rounds 5 --repeats 3
 
@@ -26,7 +26,7 @@ Bytes moved (s = element size of x, s_w of the weight, s_r of rstd; M rows, N fe
     backward  read x, dy, rstd, w; write dx, dweight:        3·M·N·s + M·s_r + 2·N·s_w
 GB/s = bytes / time. "x copy" = time / (bytes / B), the time relative to moving the same bytes at
 copy speed. "x copy, new array" is the same against the parallel copy into a freshly allocated
-array. The DESIGN §7 targets (forward <= 1.25, backward <= 1.4) are checked like for like, in the
+array. The targets (forward <= 1.25, backward <= 1.4) are checked like for like, in the
 "targets" lines under the table: a call with ``out=`` against the preallocated copy, and an
 allocating call against the copy that allocates too (every call that returns a new array -- ours,
 torch's, the oracle's -- pays the allocation and the OS zeroing its fresh pages, measured here at
@@ -58,7 +58,7 @@ QUICK_CASES = "float32:256x512"
 RESULTS = Path(__file__).resolve().parent / "results"
 OUT_FWD = "numba rms_norm fwd (default), out="
 OUT_BWD = "numba rms_norm bwd (default), out="
-#: DESIGN §7 targets, time relative to a parallel copy of the same bytes
+#: targets, time relative to a parallel copy of the same bytes
 TARGETS = {"fwd": 1.25, "bwd": 1.4}
 
 
@@ -93,8 +93,8 @@ def _parallel_copy():
 def _check_forward(y: np.ndarray, y_ref: np.ndarray, dtype: np.dtype, *, exact: bool,
                    y_exact: np.ndarray | None = None) -> str | None:
     """Our contract (exact=True: float32 >= 99.9 % equal to the oracle's rounded output, all
-    within 1 ulp) or, for other implementations, the DESIGN §5 bound with float32 accumulation
-    against the oracle's unrounded float64 value ``y_exact``."""
+    within 1 ulp) or, for other implementations, the docs/tolerances.md bound with float32
+    accumulation against the oracle's unrounded float64 value ``y_exact``."""
     y64, r64 = y.astype(np.float64), y_ref.astype(np.float64)
     if exact:
         err = np.abs(y64 - r64)
@@ -106,11 +106,12 @@ def _check_forward(y: np.ndarray, y_ref: np.ndarray, dtype: np.dtype, *, exact: 
     n = y.shape[-1]
     b = tolerance.bound("y", y=y_exact, out_dtype=dtype, n=n, acc_dtype=np.float32)
     bad = np.count_nonzero(np.abs(y64 - y_exact) > b)
-    return f"{bad} elements beyond the DESIGN §5 bound" if bad else None
+    return f"{bad} elements beyond the docs/tolerances.md bound" if bad else None
 
 
 def _check_backward(dx, dw, x, dy, w, dtype, *, acc) -> str | None:
-    """dx and dweight within the DESIGN §5 bound (acc: the candidate's accumulation dtype)."""
+    """dx and dweight within the docs/tolerances.md bound (acc: the candidate's accumulation
+    dtype)."""
     n = x.shape[-1]
     eps = np.finfo(np.float64 if x.dtype == np.float64 else np.float32).eps
     x64 = x.astype(np.float64)
@@ -125,7 +126,7 @@ def _check_backward(dx, dw, x, dy, w, dtype, *, acc) -> str | None:
     bad_dw = np.count_nonzero(np.abs(dw.astype(np.float64) - ref.dweight.astype(np.float64))
                               > bdw)
     if bad_dx or bad_dw:
-        return f"{bad_dx} dx and {bad_dw} dweight elements beyond the DESIGN §5 bound"
+        return f"{bad_dx} dx and {bad_dw} dweight elements beyond the docs/tolerances.md bound"
     return None
 
 
@@ -370,9 +371,9 @@ def markdown(rows: list[dict], header: str) -> str:
 
 
 def targets(rows: list[dict]) -> list[str]:
-    """The DESIGN §7 ratio targets, like for like: ``out=`` calls against the preallocated copy,
+    """The ratio targets, like for like: ``out=`` calls against the preallocated copy,
     allocating calls against the copy into a new array."""
-    lines = ["Targets (DESIGN §7: forward <= 1.25x, backward <= 1.4x a parallel copy of the same "
+    lines = ["Targets (forward <= 1.25x, backward <= 1.4x a parallel copy of the same "
              "bytes), like for like:", ""]
     by = {(r["case"], r["name"]): r for r in rows if "x_copy" in r}
     for case in dict.fromkeys(r["case"] for r in rows):
@@ -386,7 +387,7 @@ def targets(rows: list[dict]) -> list[str]:
             a, b = with_out["x_copy"], alloc["x_copy_new"]
             if case.startswith("float32:"):
                 verdict = f"target {t}: " + ("met" if max(a, b) <= t else "NOT met")
-            else:  # DESIGN §7 sets the targets for float32
+            else:  # the targets are for float32
                 verdict = "no target for this dtype"
             lines.append(f"- {case} {kind}: out= {a:.2f}x the preallocated copy, allocating "
                          f"{b:.2f}x the allocating copy ({verdict})")

@@ -4,19 +4,20 @@
     python bench/gpu_check.py --simulate-tiny      # the same pipeline, tiny, in the simulator
     python bench/gpu_check.py --compile-only       # PTX for sm_90 of every kernel, no GPU needed
 
-Order of work (STYLE §4: every variant is checked against the oracle at every launch
+Order of work (every variant is checked against the oracle at every launch
 configuration before anything is timed):
 
 1. Checks. For N in {512, 1024, 4096, 8192, 16384} and float32 / bfloat16, M = 2^24 / N rows
    (--quick: 2^20): y, rstd, dx, dweight of every launch configuration against the float64 oracle
-   run on the same (already rounded) inputs, with the DESIGN §5 bounds of ``rmsref.tolerance``
-   (float32 accumulation, blocked reduction over T threads). Reported as worst observed/bound
-   ratio (pass: <= 1). Plus bias/offset and the fused residual add (both meanings) at N = 4096.
+   run on the same (already rounded) inputs, with the bounds of ``rmsref.tolerance``
+   (docs/tolerances.md; float32 accumulation, blocked reduction over T threads). Reported as
+   worst observed/bound ratio (pass: <= 1). Plus bias/offset and the fused residual add (both
+   meanings) at N = 4096.
 2. Determinism: dweight (and dx) bitwise equal across two backward runs.
 3. Timings at M·N in {2^24, 2^26, 2^28} (--quick: 2^24, 2^26): forward and backward of the
    automatic configuration (and the alternatives at the largest size), median of 3 batches of
    CUDA-event-timed launches, as GB/s of compulsory traffic and as a fraction of the measured
-   device-to-device copy bandwidth (DESIGN §7 target: >= 70 % for M·N >= 2^26); and
+   device-to-device copy bandwidth (target: >= 70 % for M·N >= 2^26); and
    ``torch.nn.functional.rms_norm`` (forward, and autograd backward) on the same device memory
    when torch with CUDA is present. 64 rows of every timed shape are checked against the oracle.
 
@@ -721,7 +722,7 @@ def _device_info(dev: Device) -> dict:
 
 
 def _summarise_target(rep: Report) -> None:
-    """DESIGN §7: >= 70 % of copy bandwidth for M·N >= 2^26 (automatic configuration)."""
+    """Target: >= 70 % of copy bandwidth for M·N >= 2^26 (automatic configuration)."""
     rows = [t for t in rep.timings if t["elems"] >= 2**26 and "fwd_frac_copy" in t]
     if not rows:
         return

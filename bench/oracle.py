@@ -2,7 +2,7 @@
 
     python bench/oracle.py [--shape 8192x4096] [--repeat 5]
 
-DESIGN §7: the oracle should be within 2x of torch CPU F.rms_norm forward, with bounded memory.
+Target: the oracle should be within 2x of torch CPU F.rms_norm forward, with bounded memory.
 Prints the best-of-repeat wall time of each and their ratio, and the oracle's peak temporary
 memory (tracemalloc). torch is optional: without it only the oracle is timed.
 """

@@ -5,7 +5,8 @@ Build (offline; warnings are errors):  sphinx-build -W -b html docs docs/_build/
 Markdown pages are MyST; API pages come from the numpydoc docstrings (autodoc). Every ```python
 block of a page is executed at build time, in order, in one namespace per page, and its printed
 output is shown under it (docs/_ext/rmsref_docs.py); tests/test_docs.py runs the same blocks.
-No intersphinx: nothing is fetched at build time. MathJax is loaded by the reader's browser.
+No intersphinx: nothing is fetched at build time. MathJax 3 is shipped under _static/mathjax (its
+LICENSE is there), so the pages render their math with no network at read time either.
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ autodoc_member_order = "bysource"
 autodoc_typehints = "none"  # the numpydoc Parameters sections carry the types
 autodoc_default_options = {"members": True, "undoc-members": False, "show-inheritance": False}
 
+# The MathJax shipped with these pages (npm package mathjax 3.2.2: the es5/tex-chtml-full.js
+# bundle, all TeX extensions in it, and its CHTML fonts, loaded relative to the script).
+mathjax_path = "mathjax/tex-chtml-full.js"
+
 html_theme = "pydata_sphinx_theme"
 html_title = f"rmsref {release}"
 html_static_path = ["_static"]
@@ -59,5 +64,11 @@ html_theme_options = {
     "navigation_with_keys": False,
     "show_toc_level": 2,
     "secondary_sidebar_items": ["page-toc", "sourcelink"],
+    # The navbar lists the groups of index.md's toctree (short titles), never a "More" menu.
+    "header_links_before_dropdown": 6,
+    "navbar_align": "left",
 }
+# The home page has no section of its own to navigate: no left sidebar there (an empty "Section
+# Navigation" otherwise). Group pages and the pages under them keep it.
+html_sidebars = {"index": []}
 html_last_updated_fmt = None

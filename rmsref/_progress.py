@@ -15,7 +15,7 @@ never by ``import rmsref``. Any command can reuse this::
     out.print("3 passed", style="bold green")
 
 The live display goes to stderr and only when stderr is a terminal, so piped or captured output
-holds just the tables and lines.
+holds just the tables and lines; ``bar.note(text)`` lines (why a run pauses) go to stderr always.
 """
 
 from __future__ import annotations
@@ -69,6 +69,19 @@ class _Bar:
         """Count ``steps`` items as done."""
         self.done += steps
         self._render()
+
+    def note(self, text: str) -> None:
+        """A line the user must see now (e.g. why the run pauses), on stderr and flushed: above
+        the live display on a terminal, a plain line when stderr is a pipe or a file."""
+        if self._rich is not None:
+            progress, _ = self._rich
+            progress.console.print(text, markup=False, highlight=False)
+        elif self._stream is not None:
+            width = shutil.get_terminal_size((100, 20)).columns - 1
+            self._stream.write("\r" + text.ljust(width) + "\n")
+            self._render()
+        else:
+            print(text, file=sys.stderr, flush=True)
 
     def _render(self) -> None:
         if self._rich is not None:
@@ -136,7 +149,7 @@ class Output:
             from rich.table import Table
 
             table = Table(title=title, title_justify="left", header_style="bold",
-                          box=box.SIMPLE_HEAD, pad_edge=False)
+                          box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
             for col in columns:
                 longest = max([len(col.header)] + [len(r[len(table.columns)]) for r in rows])
                 if col.no_wrap:  # numbers are never cut: give them their full width

@@ -1,4 +1,4 @@
-"""Rounding float64 results to the output dtype exactly once (DESIGN §3).
+"""Rounding float64 results to the output dtype exactly once.
 
 NumPy rounds float64 -> float32 and float64 -> float16 correctly (round to nearest, ties to even).
 ml_dtypes' float64 -> bfloat16 cast goes through float32 and so rounds *twice*: 1 + 2**-8 + 2**-40

@@ -1,6 +1,6 @@
 """Input handling shared by every implementation: dtypes, ``normalized_shape``, eps, rows.
 
-Everything here raises an error that names what it received (STYLE §8): a wrong shape or dtype is
+Everything here raises an error that names what it received: a wrong shape or dtype is
 never silently broadcast or cast.
 """
 

@@ -1,4 +1,4 @@
-"""The oracle's overflow-safe row statistics (DESIGN §3).
+"""The oracle's overflow-safe row statistics.
 
 Squaring overflows float64 for |x| > 1.3e154 and underflows below 1.5e-154, long before x itself
 does. Each row whose largest entry lies outside [2**-450, 2**450] is therefore scaled by a power of

@@ -1,4 +1,4 @@
-"""The backend registry: one place that names every implementation (STYLE §5).
+"""The backend registry: one place that names every implementation.
 
 Tests parametrise over it, ``rmsref check`` and the benchmarks walk it. Nothing is chosen behind the
 user's back: ``rmsref.rms_norm`` is always the NumPy oracle, and a fast path is asked for by name::
@@ -7,7 +7,7 @@ user's back: ``rmsref.rms_norm`` is always the NumPy oracle, and a fast path is 
     y, rstd = fast.rms_norm_forward(x, 4096, w)
 
 A backend is a module exposing the oracle's function names with the oracle's signatures
-(DESIGN §2). Optional dependencies are imported only when a backend is asked for or probed.
+(docs/kernels.md). Optional dependencies are imported only when a backend is asked for or probed.
 """
 
 from __future__ import annotations

@@ -24,17 +24,18 @@ def _load(name: str):
         raise
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "rmsref") -> argparse.ArgumentParser:
     from rmsref import __version__
 
     parser = argparse.ArgumentParser(
-        prog="rmsref",
+        prog=prog,
         description=(
             "rmsref: the reference implementation of RMSNorm.\n\n"
             "A float64 NumPy oracle with analytic backward passes, fast kernels checked\n"
             "against it, gradient checks, executable identities, and a validator for other\n"
             "implementations (PyTorch, JAX, your own kernel).\n\n"
-            "Start with `rmsref check`: the library verifies itself and prints what it measured."
+            "Start with `rmsref check`: the library verifies itself and prints what it\n"
+            "measured."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -55,9 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``rmsref`` console script; returns the exit status."""
-    parser = build_parser()
+def main(argv: Sequence[str] | None = None, prog: str = "rmsref") -> int:
+    """Entry point of the ``rmsref`` console script (and of ``python -m rmsref``); returns the
+    exit status."""
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     if getattr(args, "_run", None) is None:
         parser.print_help()

@@ -1,4 +1,6 @@
-"""What real systems compute: emulations of their order of operations and roundings (DESIGN §4).
+"""What real systems compute: emulations of their order of operations and roundings.
+
+The conventions are described in docs/semantics.md.
 
 Every RMSNorm computes y = x·rstd·w with rstd = 1/sqrt(mean(x²) + eps), and yet two correct
 libraries disagree in the last bits of bfloat16 output on a quarter of the elements, because they
@@ -21,7 +23,7 @@ Facts checked on torch 2.13 CPU (by running it; see tests/test_conventions.py):
   * its output dtype is the input's, whatever the weight's dtype (weight is cast to opmath).
   * eps=None means finfo(opmath).eps: 2^-23 for float16/bfloat16/float32, 2^-52 for float64.
 Fused residual add (:func:`emulate_add`): "rounded-sum" normalises R_in(x + residual), "fp32-sum"
-the float32 sum (DESIGN §4); both store R_res(x + residual) as the new residual.
+the float32 sum (docs/semantics.md); both store R_res(x + residual) as the new residual.
 
 History (from PyTorch's sources, not re-run here): the 2.4 composite rounded x̂ to the input dtype
 before multiplying by the weight (the ``llama`` order); eps=None meant finfo(input dtype).eps
@@ -334,7 +336,7 @@ def emulate(
     offset : float or None
         Added to the weight (``offset + w``) where the convention adds it; None means the
         convention's default (1 for ``gemma`` and ``gemma_wdtype``, else 0). (A departure from the
-        DESIGN signature's ``offset=0.0``: with it, ``emulate("gemma", ...)`` would drop the 1.)
+        oracle signature's ``offset=0.0``: with it, ``emulate("gemma", ...)`` would drop the 1.)
     normalized_shape : int or tuple, optional
         Defaults to ``weight.shape`` when a weight is given, else the last dimension.
     partial : float, optional

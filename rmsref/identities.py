@@ -53,8 +53,8 @@ bounds: rounding errors rarely align, and the observed ratios are typically 1e-3
 statistical identities (attention scale, Xavier) are not about rounding: their bound is the
 half-width of a confidence interval from ``scipy.stats`` at level ``CONFIDENCE``; rounding errors
 (~1e-14) are negligible against it (~1e-2). The parameter count is an exact integer (bound 0), and
-so is row independence, which must hold bit for bit (DESIGN: same inputs, same bits, whatever the
-batch).
+so is row independence, which must hold bit for bit (same inputs, same bits, whatever the batch;
+docs/kernels.md).
 
 Running against another implementation
 --------------------------------------
@@ -934,7 +934,7 @@ def _rotation_equivariance(impl: Implementation, rng, quick: bool) -> list[Part]
     "changes nothing.",
     latex=r"\mathrm{RMSNorm}(X)_{r} = \mathrm{RMSNorm}(X_{r})",
     source="Ba, Kiros & Hinton, Layer Normalization, 2016 (per-example statistics, identical "
-    "at training and test time); DESIGN (batch invariance)",
+    "at training and test time); docs/kernels.md (batch invariance)",
     uses=("rms_norm_forward", "rms_norm_backward", "RMSNorm"),
     kind="exact",
 )

@@ -26,7 +26,7 @@ Forward mode (JVP) along a tangent dx_t (and dweight_t, dbias_t):
     (10) s    = (1/K) Σ_{j<K} xhat_j · dx_t_j                                 (M, 1)
     (11) dy_t = (offset + w) ⊙ rstd · (dx_t − xhat · s) + xhat ⊙ dweight_t + dbias_t
 
-Numerical policy (DESIGN §3): everything is computed in float64 (complex128 for complex inputs, so
+Numerical policy: everything is computed in float64 (complex128 for complex inputs, so
 that complex-step differentiation works: only ``x*x`` and ``np.sqrt``, never ``abs``); results are
 rounded once to the output dtype; rows are scaled by powers of two so that squaring cannot
 overflow or underflow (see ``rmsref._sumsq``); rows are processed in chunks so float64 temporaries
@@ -248,7 +248,7 @@ def rms_norm_forward(
     """RMSNorm forward, returning what the backward needs: ``(y, rstd)``.
 
     Only rstd, O(rows), is saved for the backward; x̂ (O(rows·N)) is recomputed there from x.
-    That is the memory/compute trade every kernel makes (STYLE §3).
+    That is the memory/compute trade every kernel makes.
 
     Parameters
     ----------
@@ -643,7 +643,7 @@ def add_rms_norm(
     """Fused residual add + RMSNorm as inference engines run it: ``(y, new_residual)``.
 
     ``h = x + residual``; ``new_residual`` is h rounded to the residual's dtype, ``y`` is RMSNorm
-    of h rounded to x's dtype. The two meanings real systems use (DESIGN §4):
+    of h rounded to x's dtype. The two meanings real systems use (docs/semantics.md):
 
     - ``"fp32-sum"`` (flash-attn, quack, vLLM native): normalise the unrounded sum; only the
       stored residual is rounded.

@@ -3,7 +3,7 @@
 An implementation is judged on its own (already rounded) inputs: the reference ``y``, ``dx``,
 ``dweight`` are the oracle's float64 values for exactly the x, weight and dy the implementation saw,
 so what remains is the implementation's own rounding error. This module bounds it element by element
-(DESIGN §5). Symbols:
+(derived in docs/tolerances.md). Symbols:
 
     u_t      unit roundoff of dtype t: fp64 2^-53, fp32 2^-24, fp16 2^-11, bf16 2^-8
     γ(n)     accumulation error of an n-term sum of non-negative terms (relative):
@@ -289,7 +289,7 @@ def bound(
     form: Form = "probabilistic",
     lam: float = LAMBDA,
 ) -> np.ndarray:
-    """Per-element error bound for ``quantity`` (DESIGN §5), as a float64 array.
+    """Per-element error bound for ``quantity`` (docs/tolerances.md), as a float64 array.
 
     Parameters
     ----------

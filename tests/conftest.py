@@ -1,4 +1,4 @@
-"""Shared fixtures: the dtype table, a seeded generator, and the backend registry (STYLE §5)."""
+"""Shared fixtures: the dtype table, a seeded generator, and the backend registry."""
 
 from __future__ import annotations
 
@@ -37,3 +37,19 @@ def backend_params(exclude: tuple[str, ...] = ()) -> list:
 @pytest.fixture(params=backend_params())
 def backend_name(request) -> str:
     return request.param
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    """Skips counted by reason, one line each (``pytest -rs`` lists every skipped test): the
+    reasons name what to install, and a reason shared by forty tests is said once."""
+    from collections import Counter
+
+    reasons: Counter[str] = Counter()
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        reasons[reason.removeprefix("Skipped: ")] += 1
+    if reasons and "s" not in (config.option.reportchars or ""):
+        terminalreporter.section("skipped, by reason")
+        for reason, count in reasons.most_common():
+            terminalreporter.line(f"{count:4d}  {reason}")

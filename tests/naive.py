@@ -1,4 +1,4 @@
-"""Deliberately naive reference implementations: loops anyone can check by eye (STYLE §6).
+"""Deliberately naive reference implementations: loops anyone can check by eye.
 
 They check the vectorised oracle, which checks everything else. Rows are the flattened leading
 dims, features the flattened normalised dims; every sum is a plain Python loop in float64.

@@ -172,7 +172,7 @@ def test_hf_module_forwards_are_bit_exact(dname, rng):
 
 @pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")
 def test_torch_2_13_facts(rng):
-    """What DESIGN §4 states about torch, checked by running it."""
+    """What docs/semantics.md states about torch, checked by running it."""
     torch, _ = _tt(np.zeros(1))
     from rmsref.adapters.torch import to_numpy, to_torch
 

@@ -179,6 +179,29 @@ def test_kernel_docstring_sections_used_by_the_docs_exist():
         assert rmsref_docs.docstring_section(doc, title.strip())
 
 
+def test_variant_rows_become_a_definition_list():
+    """Kernel docstrings' ``term  description`` rows render as a definition list, not as text
+    with raw markup; a heading line above them becomes bold, bullets and ``::`` code stay."""
+    text = ("RMSNorm forward\n"
+            "    v1  first variant, which takes\n"
+            "        two lines\n"
+            "    v2  as v1, but faster\n"
+            "backward ``block`` one line\n"
+            "                   and its continuation\n"
+            "Plain prose after the rows.\n"
+            "- a bullet with ``code``\n"
+            "Forcing::\n")
+    md = rmsref_docs.docstring_as_markdown(text).splitlines()
+    assert "**RMSNorm forward**" in md
+    i = md.index("v1")
+    assert md[i + 1:i + 3] == [": first variant, which takes", "  two lines"]
+    j = md.index("backward ``block``")
+    assert md[j + 1:j + 3] == [": one line", "  and its continuation"]
+    assert md[md.index("v2") + 1] == ": as v1, but faster"
+    assert "Plain prose after the rows." in md and "- a bullet with ``code``" in md
+    assert md[-1] == "Forcing:"
+
+
 def test_verbatim_docstring_list_names_real_objects():
     """Docstrings shown verbatim (their reST does not parse yet) must exist, so the list is
     pruned when they are renamed; see docs/_ext/rmsref_docs.py for what each needs."""
@@ -248,20 +271,35 @@ def test_figure_data_is_what_the_figures_claim():
 _SPHINX_NEEDS = ("sphinx", "myst_parser", "pydata_sphinx_theme", "numpydoc")
 
 
-@pytest.mark.slow
-def test_sphinx_build_has_no_warnings(tmp_path):
+def build_docs(out) -> str:
+    """The built HTML pages: ``RMSREF_DOCS_HTML`` when set (CI builds the docs once, with
+    ``sphinx-build -W``, and hands the pages to the tests), else built into ``out`` here with
+    warnings as errors. Returns the HTML directory."""
+    given = os.environ.get("RMSREF_DOCS_HTML")
+    if given:
+        assert os.path.isfile(os.path.join(given, "index.html")), (
+            f"RMSREF_DOCS_HTML={given!r} holds no built pages (sphinx-build -W -b html docs DIR)")
+        return given
     for mod in _SPHINX_NEEDS:
         if importlib.util.find_spec(mod) is None:
             pytest.skip(f"{mod} is not installed: pip install -e '.[docs]' to build the docs")
+    out = str(out)
     cmd = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html",
-           "-d", str(tmp_path / "doctrees"), DOCS, str(tmp_path / "html")]
-    # Every block already ran above (test_page_code_runs); the build executes two cheap pages,
-    # enough to check that executed output is placed under its block, and halves the build time.
+           "-d", os.path.join(out, "doctrees"), DOCS, os.path.join(out, "html")]
+    # Every block already ran (test_page_code_runs); the build executes two cheap pages, enough
+    # to check that executed output is placed under its block, and halves the build time.
     env = dict(os.environ, RMSREF_DOCS_EXECUTE="index,derivation/rmsnorm")
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"sphinx-build failed:\n{proc.stdout}\n{proc.stderr}"
-    assert os.path.isfile(tmp_path / "html" / "derivation" / "rmsnorm.html")
-    with open(tmp_path / "html" / "derivation" / "rmsnorm.html", encoding="utf-8") as f:
+    return os.path.join(out, "html")
+
+
+@pytest.mark.slow
+def test_sphinx_build_has_no_warnings(tmp_path):
+    html_dir = build_docs(tmp_path)
+    page = os.path.join(html_dir, "derivation", "rmsnorm.html")
+    assert os.path.isfile(page)
+    with open(page, encoding="utf-8") as f:
         html = f.read()
     # the worked example's output, printed by the executed block, sits in the page
     assert "9*sqrt(3)*dx = [ 8. -2. -2.]" in html.replace("&quot;", '"'), "executed output missing"

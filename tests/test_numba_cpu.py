@@ -5,9 +5,9 @@ Reference: the oracle (rmsref.rms_norm_forward etc.) on the same inputs. Toleran
   rounded once to float32), the rest within 1 float32 ulp (both round a float64 value; the
   float64 values differ by a few float64 ulps).
 - float16/bfloat16 outputs: within one ulp of the output dtype (rmsref.tolerance.ulp).
-- float64 outputs, dx, dweight: the DESIGN §5 bound (rmsref.tolerance.bound) with float64
-  accumulation in 8 lanes (reduction="blocked", block=8): the v2 kernels' order, and an upper
-  bound for the 64 lanes + tree of v3/v4 (effective length ceil(n/64) + 6 for n > 64, at most
+- float64 outputs, dx, dweight: the bound of docs/tolerances.md (rmsref.tolerance.bound) with
+  float64 accumulation in 8 lanes (reduction="blocked", block=8): the v2 kernels' order, and an
+  upper bound for the 64 lanes + tree of v3/v4 (effective length ceil(n/64) + 6 for n > 64, at most
   ceil(log2 n) below since empty lanes add exact zeros; both <= ceil(n/8) + 3).
 Determinism: bitwise equality across NUMBA_NUM_THREADS=1 and 2 (subprocesses), batch sizes,
 layouts, and two Python threads at once.
@@ -406,7 +406,7 @@ def test_layer_norm(rng):
 @pytest.mark.slow  # compiles extra Numba specialisations; CI runs it (pytest -m slow)
 @pytest.mark.parametrize("name", ["rms_norm_forward", "rms_norm_backward"])
 def test_every_variant_matches_oracle(name, rng):
-    """Each numbered variant checked against the oracle before anyone times it (STYLE §4)."""
+    """Each numbered variant checked against the oracle before anyone times it."""
     m, n = 33, 4097
     x, dy, w = _data(rng, (m, n), np.float32), _data(rng, (m, n), np.float32), _data(
         rng, n, np.float32)

@@ -84,7 +84,8 @@ def test_backward_matches_naive_jacobian(rng, shape, ns, opts):
     dx, dw = naive.rms_norm_backward(dy, x, n, w, 1e-3, kw.get("offset", 0.0), k)
     g = rmsref.rms_norm_backward(dy, x, ns, w, 1e-3, **kw)
     # dx = rstd·(dxhat − xhat·c) cancels (badly at N = 1): measure the error against the size
-    # of the terms, M = rstd·(|dxhat| + |xhat|·mean|dxhat·xhat|) (DESIGN §5), not against |dx|.
+    # of the terms, M = rstd·(|dxhat| + |xhat|·mean|dxhat·xhat|) (docs/tolerances.md),
+    # not against |dx|.
     np.testing.assert_allclose(g.dx, dx, rtol=0, atol=1e-14 * _dx_terms(dy, x, n, w, 1e-3, kw))
     np.testing.assert_allclose(g.dweight.ravel(), dw, rtol=0, atol=1e-14 * np.max(np.abs(dw)))
     if "bias" in kw:
@@ -315,7 +316,7 @@ def test_chunking_does_not_change_bits(rng, monkeypatch):
     np.testing.assert_array_equal(r0, r1)
     np.testing.assert_array_equal(g0.dx, g1.dx)
     # dweight sums over rows, so the chunk boundaries change its summation order: compare it
-    # against the size of what is summed, Σ_rows |dy ⊙ xhat| (DESIGN §5).
+    # against the size of what is summed, Σ_rows |dy ⊙ xhat| (docs/tolerances.md).
     terms = np.sum(np.abs(dy * rmsref.rms_norm(x, 50)), axis=0)
     assert np.all(np.abs(g0.dweight - g1.dweight) <= 4e-16 * terms)
 

@@ -33,7 +33,8 @@ def test_float64_forward_and_backward_match_torch(rng, shape, ns, eps, with_weig
     g = rmsref.rms_norm_backward(dy, x, ns, w, eps)
     np.testing.assert_allclose(y, yt.detach().numpy(), rtol=1e-14, atol=1e-300, equal_nan=True)
     # dx cancels when dy is nearly parallel to x (always, at N = 1): both sides are accurate to
-    # u times the size of the terms of dx = rstd·(dxhat − xhat·c), not to u·|dx| (DESIGN §5).
+    # u times the size of the terms of dx = rstd·(dxhat − xhat·c), not to u·|dx|
+    # (docs/tolerances.md).
     _, rstd = rmsref.rms_norm_forward(x, ns, None, eps)
     xhat = np.abs(x * rstd)
     dxhat = np.abs(dy * (1.0 if w is None else w))

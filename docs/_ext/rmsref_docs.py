@@ -11,7 +11,8 @@
 2. Directives that build content from the code, so that a page cannot drift from it:
    ``rmsref-identities`` (one section per entry of ``rmsref.identities.REGISTRY``),
    ``rmsref-conventions`` (the table of ``rmsref.conventions.CONVENTIONS``), ``rmsref-docstring``
-   (a module docstring or one of its sections, verbatim, read without importing the module) and
+   (a module docstring verbatim, or one of its sections as prose, read without importing the
+   module) and
    ``rmsref-figure-if-made`` (an image once its data exists, a visible "pending" note before).
 
 This module imports Sphinx and docutils only inside ``setup`` and the directive factory, so the
@@ -266,7 +267,8 @@ def _directives():
             return [_table(headers, rows, [10, 22, 26, 14, 14, 24])]
 
     class DocstringSectionDirective(Directive):
-        """A module docstring, or one of its sections, shown verbatim: ``module [heading start]``.
+        """A module docstring, verbatim, or one of its sections, as prose (see
+        ``docstring_as_markdown``): ``module [heading start]``.
 
         Sections are the docstring's own headings (a line underlined with dashes); the text runs
         to the next heading. Kernel pages use it so the variant lists are the code's own.
@@ -293,9 +295,18 @@ def _directives():
                 text = docstring_section(doc, title)
             except KeyError as exc:
                 raise self.error(str(exc)) from None
-            block = nodes.literal_block(text, text, classes=["rmsref-derivation"])
-            block["language"] = "none"
-            return [block]
+            if title is None:  # a whole module docstring: aligned equation displays, verbatim
+                block = nodes.literal_block(text, text, classes=["rmsref-derivation"])
+                block["language"] = "none"
+                return [block]
+            # A section (variant lists, contracts) is prose: parsed as MyST, the pages' markup.
+            from docutils.statemachine import StringList
+
+            container = nodes.container(classes=["rmsref-docstring"])
+            source = f"{self.arguments[0]} docstring"
+            lines = StringList(docstring_as_markdown(text).splitlines(), source=source)
+            self.state.nested_parse(lines, self.content_offset, container)
+            return [container]
 
     class FigureIfMadeDirective(Directive):
         """An image that exists only once its data does (e.g. benchmark results): the image when
@@ -338,6 +349,67 @@ def docstring_section(doc: str, title: str | None) -> str:
     start = starts[0] + 2
     end = next((i for i in range(start, len(lines)) if is_heading(i)), len(lines))
     return "\n".join(lines[start:end]).strip("\n")
+
+
+_TERM_ROW = re.compile(r"^ *\S(?:[^ ]| (?! ))*?  +(?P<desc>\S.*)$")
+
+
+def docstring_as_markdown(text: str) -> str:
+    """A docstring section, written for plain-text readers, as MyST Markdown for the pages.
+
+    The kernel modules list their variants as rows ``term  description`` (continuation lines
+    aligned under the description), grouped under a plain heading line: rows become a
+    definition list, the heading line above them a bold paragraph. Bullets, ``literal`` spans and
+    indented code read the same in Markdown; a reST ``::`` before a code block becomes ``:``.
+    """
+    lines = text.splitlines()
+    out: list[str] = []
+
+    def indent(line: str) -> int:
+        return len(line) - len(line.lstrip())
+
+    def row_at(i: int, prev_col: int | None = None):
+        """(term, description, column) when line i starts a row (aligned with the next line, or
+        with the previous row, prev_col), else None."""
+        if i >= len(lines) or not lines[i].strip() or lines[i].lstrip()[:1] in ("*", "-", ">"):
+            return None
+        line, nxt = lines[i], lines[i + 1] if i + 1 < len(lines) else ""
+        col = indent(nxt) if nxt.strip() else 0
+        if col <= indent(line) or len(line) <= col or line[col - 1] != " " or line[col] == " ":
+            m = _TERM_ROW.match(line)  # a row without continuation, aligned with the next row
+            nxt_m = _TERM_ROW.match(nxt)
+            col = len(line) - len(m.group("desc")) if m else -1
+            if not (m and (col == prev_col
+                           or nxt_m and col == len(nxt) - len(nxt_m.group("desc")))):
+                return None
+        term = line[:col].strip()
+        if not term or len(term) > 24 or ". " in term:
+            return None
+        return term, line[col:], col
+
+    i, prev_col = 0, None
+    while i < len(lines):
+        row = row_at(i, prev_col)
+        prev_col = row[2] if row else None
+        if (row is None and lines[i].strip() and not lines[i].startswith(" ")
+                and row_at(i + 1) is not None):
+            out += ["", f"**{lines[i].strip()}**", ""]
+            i += 1
+            continue
+        if row is None:
+            out.append(lines[i][:-1] if lines[i].endswith("::") else lines[i])
+            i += 1
+            continue
+        term, first, col = row
+        desc = [first]
+        i += 1
+        while i < len(lines) and lines[i].strip() and indent(lines[i]) >= col:
+            desc.append(lines[i].strip())
+            i += 1
+        out += ["", term, ": " + desc[0]] + ["  " + d for d in desc[1:]]
+        if i < len(lines) and lines[i].strip() and row_at(i, col) is None:
+            out.append("")  # the rows end: a paragraph follows
+    return "\n".join(out)
 
 
 # ------------------------------------------------------------------------------------------------

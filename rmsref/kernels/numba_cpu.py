@@ -1,8 +1,8 @@
 r"""Numba-parallel CPU kernels for RMSNorm (and LayerNorm, written the same way for comparison).
 
 ``rmsref.backend("numba_cpu")`` is this module: the oracle's function names and signatures
-(DESIGN §2), computed by ``@njit(parallel=True)`` kernels. The math is the oracle's, eqs. (1)-(9)
-of :mod:`rmsref.rmsnorm` and (1)-(11) of :mod:`rmsref.layernorm`; read those first.
+(docs/kernels.md), computed by ``@njit(parallel=True)`` kernels. The math is the oracle's, eqs.
+(1)-(9) of :mod:`rmsref.rmsnorm` and (1)-(11) of :mod:`rmsref.layernorm`; read those first.
 
 Variants (llm.c style: each line says what changed from the previous one)
 -------------------------------------------------------------------------
@@ -38,8 +38,7 @@ RMSNorm backward (dx, dweight, dbias; rows grouped into parts of ``ROWS_PER_PART
     v5  as v4, but the common call gets a kernel of its own (``_rms_bwd_pipelined``: no
         branches for the other calls, every row of a part through the pipelined loop) and the
         rest run v4. Same operations, so v4's bits; LLVM schedules the smaller loop with fewer
-        spills (bench/cpu.py, one run: 5 % faster than v4 at 8192x4096, 16 % at 65536x512,
-        the same at 4096x16384). (default)
+        spills (timings in bench/results/cpu-summary.md). (default)
 Fused residual add (add_rms_norm forward/backward) and LayerNorm forward/backward are written
 like v2 only (so bench/cpu.py's RMSNorm/LayerNorm ratio compares LayerNorm with RMSNorm v2).
 LayerNorm forward: Σx (8 lanes) -> mu; then (Σd, Σd²) with d = x − mu in one pass (the
@@ -49,7 +48,7 @@ Numerical contract
 ------------------
 - Accumulation in float64 for every input dtype; outputs rounded once to the output dtype with
   round-to-nearest-even (float64 -> bfloat16 without double rounding, see ``_halfbits``), i.e.
-  the ``torch`` convention of DESIGN §4 with a float64 statistic. The y/dx formulas are the
+  the ``torch`` convention of docs/semantics.md with a float64 statistic. The y/dx formulas are the
   oracle's but with x·rstd for x/sqrt(ms + eps): float32 outputs agree with the oracle rounded
   to float32 except for rare last-bit ties (tests: >= 99.9 % equal, rest within 1 ulp).
 - Saved statistics: rstd (and LayerNorm's mean) in float32 for float16/bfloat16 inputs (what
@@ -84,18 +83,8 @@ Numerical contract
 - Threads: kernels are ``nogil``; two Python threads may call them at once. Numba's "workqueue"
   threading layer cannot run two parallel regions at once, so when it is the active layer the
   launches are serialised with a lock (the default here is OpenMP/TBB, which need none).
-- Speed (bench/cpu.py, table in bench/results/cpu.md, one run on 2 cores; float32 shapes
-  8192x4096, 65536x512, 4096x16384). Called with ``out=`` (y or dx written into an array kept
-  across calls), the default forward takes 1.13 / 0.87 / 1.25x and the backward 1.20 / 0.94 /
-  1.27x the time of a parallel copy of the same bytes into a preallocated array (DESIGN §7:
-  <= 1.25 and <= 1.4). Called without it, each call allocates its result and the OS zeroes every
-  fresh page on first touch, which no kernel can avoid: forward 1.69 / 1.23 / 1.83x and backward
-  1.83 / 1.20 / 1.66x the preallocated copy, or 1.03 / 0.90 / 1.24x and 1.08 / 0.85 / 1.16x a
-  parallel copy into a new array. 15-18x faster than the NumPy oracle (forward) and 20-24x
-  (backward); 9.4-10.0x faster than torch 2.13 CPU F.rms_norm forward and 14.3-17.8x than its
-  forward+autograd backward. bfloat16 8192x4096 (no DESIGN target): 3.9x (forward) and 4.0x
-  (backward) the preallocated copy with ``out=``, as the half <-> float64 conversions are
-  compute-bound; 9.7x and 13.4x faster than torch.
+- Speed: ``bench/cpu.py`` times every variant against a parallel copy of the same bytes; the
+  committed tables and their summary are in ``bench/results/`` (``cpu.md``, ``cpu-summary.md``).
 - Compilation: lazy (first call per dtype and layout), ``cache=True`` (on-disk cache next to this
   file). Measured (float32, cold, fresh cache dir): forward v4 9.8 s; backward v5 4.9 s for
   its own kernel (a call with a saved rstd) and 10.9 s more for v4's (the first call without
@@ -276,7 +265,7 @@ def _sumsq_v3(x3, b, i, k):
     Lane l sums x_j² for j ≡ l (mod 64) in increasing j (the tail of a row that is not a
     multiple of 64 goes into lanes 0, 1, ... last); the lanes are then combined by
     ``_lane_tree``. So no lane sums more than ceil(k/64) terms: the effective length of the
-    sum (DESIGN §5) is ceil(k/64) + 6 (at most ceil(log2 k) for k <= 64, as empty lanes add
+    sum (docs/tolerances.md) is ceil(k/64) + 6 (at most ceil(log2 k) for k <= 64, as empty lanes add
     exact zeros), within the 8-lane model ceil(k/8) + 3 the tests use.
     The inner loop over the 64 lanes is element-wise (no reassociation), so LLVM's loop
     vectoriser turns it into packed float64 code (vcvtps2pd/vmulpd/vaddpd) with fastmath off.

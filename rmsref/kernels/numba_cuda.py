@@ -1028,7 +1028,7 @@ def prepare_backward(dy: Any, x: Any, normalized_shape: ShapeLike, weight: Any =
 
 
 # --------------------------------------------------------------------------------------------
-# Public API: the oracle's names and signatures (DESIGN §2), plus ``launch=``
+# Public API: the oracle's names and signatures (docs/kernels.md), plus ``launch=``
 # --------------------------------------------------------------------------------------------
 
 

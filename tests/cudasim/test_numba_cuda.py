@@ -1,8 +1,9 @@
 """numba_cuda kernels against the float64 oracle, in the CUDA simulator (or on a GPU).
 
 Reference: ``rmsref.rms_norm_forward`` / ``rms_norm_backward`` / ``add_rms_norm_*`` evaluated in
-float64 on exactly the (already rounded) inputs the kernel saw. Tolerance: the DESIGN §5 model
-(``rmsref.tolerance``) for float32 accumulation with a blocked reduction over T threads.
+float64 on exactly the (already rounded) inputs the kernel saw. Tolerance: the model of
+docs/tolerances.md (``rmsref.tolerance``) for float32 accumulation with a blocked reduction over
+T threads.
 
 Grids are tiny (the simulator runs ~0.35 s per 128-thread block): threads per block are forced
 to 32 and 64 so that N ∈ {1, 7, 33, 64, 130} covers one partial block (N < T), exact multiples
@@ -76,7 +77,7 @@ def _assert_within(name: str, got, exact, bound) -> None:
 
 
 def _y_bound(y_ex, bias, model: tolerance.ErrorModel):
-    """Eq. (y) of DESIGN §5; with a bias, the accumulated part scales with |x̂·w| + |b|.
+    """Eq. (y) of docs/tolerances.md; with a bias, the accumulated part scales with |x̂·w| + |b|.
 
     y = x̂·w + b can cancel, and the float32 errors of x̂·w do not shrink with |y|: the same
     reasoning as M_i for dx. Without bias this is exactly ``tolerance.bound_y``.
@@ -120,7 +121,7 @@ def test_forward_backward_vs_oracle(kcuda, rng, dname, threads, n, m, opt, dw_bl
                                     offset=offset, partial=partial, launch=launch)
     ref = rmsref.rms_norm_backward(dy64, x64, n, w64, eps, rstd=rstd.astype(np.float64),
                                    bias=b64, offset=offset, partial=partial)
-    # The reference uses the kernel's float32 rstd: the kernel's own statistic, as DESIGN §4.
+    # The reference uses the kernel's float32 rstd: the kernel's own statistic (docs/semantics.md).
     rstd_used = rstd.astype(np.float64)
     xhat = x64 * rstd_used
     w_eff = (offset + w64) if w is not None else np.full(n, 1.0 + offset)
