@@ -12,8 +12,11 @@ What it finds, on liger-kernel 0.8.5 with triton 3.9.0: the forward kernel fails
 line of arithmetic, ``eps = eps.to(tl.float32)`` (and likewise ``offset.to``): Triton's interpreter
 passes a Python float kernel argument as a plain ``float`` (its ``_implicit_cvt`` wraps bools,
 ints and tensors, not floats), which has no ``.to``. Compiled Triton turns it into an fp32 scalar.
-``build`` runs one tiny forward and raises :class:`ZooUnavailable` with the interpreter's error
-when that happens, so a future liger or Triton that fixes it is run, not skipped.
+Past that line a second obstacle waits: liger's ``rsqrt`` is CUDA libdevice's
+(``triton.language.extra.libdevice.rsqrt``), which in the same interpreter returns None (checked
+with a three-line kernel: "cannot convert None of type NoneType to tensor"). ``build`` runs one
+tiny forward and raises :class:`ZooUnavailable` with the interpreter's error when it fails, so a
+future liger or Triton that fixes both is run, not skipped.
 
 The expected verdict, from reading ``liger_kernel/ops/rms_norm.py`` (casting mode ``"llama"``,
 ``LigerRMSNorm``'s default, with ``eps=1e-6``, ``offset=0.0``, ``in_place=True``):
@@ -87,6 +90,6 @@ ENTRIES: list[ZooEntry] = [
         notes="HF Llama's order in one Triton kernel: x̂ rounded to the input dtype, then ·w "
               "rounded again; fp32 statistic saved per row; dx in fp32, rounded once; dweight "
               "from the rounded x̂. Default eps 1e-6; last dim only. Does not run under Triton "
-              "3.9's interpreter (eps.to on a Python float).",
+              "3.9's interpreter (eps.to on a Python float; libdevice rsqrt).",
     ),
 ]

@@ -22,7 +22,8 @@ of x to float32 happens once, so dx is rounded once, after the two terms meet in
 The CPU device compiles each kernel with clang (``CC``, default ``clang``; Debian: ``apt-get
 install clang``). Some bfloat16 kernels need a clang that can convert float to ``__bf16``: clang
 14 and 16 (Debian 12) reject the constant a zero-size bfloat16 reduction needs (the ``empty``
-probe's backward), though every other bfloat16 probe runs. bfloat16 is therefore a separate entry,
+probe's backward), though every other bfloat16 probe runs; clang 19 (Debian 12's ``clang-19``, with
+``CC=clang-19`` in the environment) compiles them all. bfloat16 is therefore a separate entry,
 unavailable (with that reason) when the compiler cannot do the conversion.
 """
 
@@ -71,7 +72,7 @@ def _check_bf16_compiler() -> None:
         first = done.stderr.strip().splitlines()[0] if done.stderr.strip() else "failed"
         raise ZooUnavailable(f"tinygrad compiles CPU kernels with {cc!r}, which cannot convert "
                              f"float to __bf16 ({first}); bfloat16 kernels (the empty probe's "
-                             "backward) fail to build. Point CC at a newer clang")
+                             "backward) fail to build. Install clang 19 and set CC=clang-19")
 
 
 def _wrap(Tensor: Any, dtypes: Any, nn: Any) -> Callables:
