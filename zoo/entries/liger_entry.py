@@ -66,10 +66,9 @@ def _build() -> Callables:
                              "TRITON_INTERPRET=1")
     from rmsref.adapters import torch as torch_adapter
 
-    forward, backward = torch_adapter.wrap(LigerRMSNorm)
-    x = np.ones((1, 8), np.float32)
-    try:
-        forward(x, 8, np.ones(8, np.float32), None)
+    try:   # wrapping may already run the module (to read what it declares)
+        forward, backward = torch_adapter.wrap(LigerRMSNorm)
+        forward(np.ones((1, 8), np.float32), 8, np.ones(8, np.float32), None)
     except Exception as exc:
         raise ZooUnavailable(f"LigerRMSNorm does not run under Triton's CPU interpreter: "
                              f"{type(exc).__name__}: {exc}") from exc

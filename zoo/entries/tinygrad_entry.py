@@ -16,6 +16,12 @@ What ``tinygrad/nn/__init__.py`` computes (read on tinygrad 0.14.0)::
 - ``elementwise_affine=False`` gives no weight; otherwise the module's ``weight`` (ones, float32)
   is replaced, on a module built for that call only, by the probe's weight.
 
+Measured, not in the source: with a float16 x and a float32 weight the rounding of x̂ to float16
+disappears (tinygrad's graph drops the float32 -> float16 -> float32 round trip): y agrees with the
+unrounded x̂·w to 1e-6 relative on every element of an 8 x 768 case and with the llama order on
+none. With bfloat16, or with the weight in x's dtype (what ``validate`` probes), the source's order
+holds bit for bit.
+
 The backward is ``y.gradient(x, weight, gradient=dy)`` (no ``.grad`` is stored anywhere): the cast
 of x to float32 happens once, so dx is rounded once, after the two terms meet in float32.
 
@@ -140,7 +146,8 @@ def _build_bf16() -> Callables:
 
 _NOTES = ("x̂ = x·rsqrt(mean(x²) + eps) in float32, rounded to the input dtype before the weight, "
           "then x̂·w rounded again (HF Llama's order). rsqrt is 1/sqrt (two roundings). Default "
-          "eps 1e-6; last dim only.")
+          "eps 1e-6; last dim only. With float16 x and a float32 weight the rounding of x̂ to "
+          "float16 is optimised away (measured).")
 
 ENTRIES: list[ZooEntry] = [
     ZooEntry(
