@@ -35,7 +35,8 @@ class ZooEntry:
     package : str
         The pip distribution whose installed version is recorded with the verdict.
     source : str
-        Where the implementation lives (``"transformers.models.llama.modeling_llama:LlamaRMSNorm"``).
+        Where the implementation lives
+        (``"transformers.models.llama.modeling_llama:LlamaRMSNorm"``).
     convention : str
         The :mod:`rmsref.conventions` name it is validated against.
     build : callable

@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rmsref._progress import Output
-    from rmsref.adapters.generic import resolve
+    from rmsref.adapters.generic import framework_hint, resolve
     from rmsref.validate import ALL_PROBES, validate
 
     out = Output()
@@ -85,6 +85,9 @@ def run(args: argparse.Namespace) -> int:
 
             report = run_validation(progress)
     print(report.table())
+    hint = framework_hint([c.message for c in report.failures], loaded.framework)
+    if hint:
+        print(hint)
     if not report and ("bfloat16" in dtypes or "float16" in dtypes):
         _print_closest(loaded.forward, args.eps)
     if loaded.backward is None:
