@@ -480,8 +480,12 @@ def identify(
     sizes: dict[str, int] = {}                          # case -> elements
     dt_ok = dict.fromkeys(pool, True)
     errors: list[str] = []
-    # The statistic of a module that declares a 1 + w weight is read back with w = 0.
-    neutral = offset or declared_by(forward).offset or 0.0
+    # The statistic of a module that declares a 1 + w weight is read back with w = 0; a module
+    # without a weight runs without one.
+    declared = declared_by(forward)
+    neutral = offset or declared.offset or 0.0
+    if not declared.has_weight:
+        weight_dtypes = ("none",)
     for dname in dtypes:
         _identify_dtype(forward, dname, weight_dtypes, rng, m, n, eps, offset, neutral, pool,
                         share_statistic, hits, sizes, dt_ok, errors)
@@ -500,6 +504,13 @@ def identify(
     return ranking
 
 
+def _weight_dtype(wname: str | None, dt: np.dtype) -> np.dtype | None:
+    """identify's weight dtype names: None is the input's dtype, "none" no weight at all."""
+    if wname == "none":
+        return None
+    return dt if wname is None else np.dtype(bfloat16 if wname == "bfloat16" else wname)
+
+
 def _identify_dtype(forward, dname, weight_dtypes, rng, m, n, eps, offset, neutral, pool,
                     share_statistic, hits, sizes, dt_ok, errors) -> None:
     """One input dtype of :func:`identify`: run each weight dtype, count bit-exact elements."""
@@ -507,9 +518,10 @@ def _identify_dtype(forward, dname, weight_dtypes, rng, m, n, eps, offset, neutr
     x = (rng.standard_normal((m, n)) * 2.0).astype(np.float32).astype(dt)
     rstd = estimate_rstd(forward, x, eps, offset=neutral) if share_statistic else None
     for wname in weight_dtypes:
-        wdt = dt if wname is None else np.dtype(bfloat16 if wname == "bfloat16" else wname)
-        w = (1.0 + 0.3 * rng.standard_normal(n)).astype(np.float32).astype(wdt)
-        case = f"{dname}/w={wdt.name}"
+        wdt = _weight_dtype(wname, dt)
+        w = None if wdt is None else (1.0 + 0.3 * rng.standard_normal(n)).astype(
+            np.float32).astype(wdt)
+        case = f"{dname}/w={'none' if wdt is None else wdt.name}"
         if case in sizes:                                # float32 x: None and "float32" agree
             continue
         try:

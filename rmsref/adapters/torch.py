@@ -194,9 +194,9 @@ def wrap(obj: Any, *, name: str | None = None) -> tuple[Callable[..., np.ndarray
         NumPy arrays; the backward is torch autograd through the forward. For a module, the
         forward carries what the module declares (``forward.rmsref_declared``, a
         :class:`rmsref._declared.Declared`: its eps, normalised dims, 1 + w weight, ...), which
-        :func:`rmsref.validate` respects. Without a weight, the module computes with the
-        neutral one (1, or 0 for a 1 + w module); a module that has none drops a weight passed
-        to it, with a warning.
+        :func:`rmsref.validate` respects. Without a weight, the module computes with w = 1
+        (1 + 1 for a 1 + w module, as the oracle reads weight=None); a module that has none
+        drops a weight passed to it, with a warning.
     """
     torch = _torch()
     builder = _ClassBuilder(obj) if _is_module_class(obj) else None
@@ -218,8 +218,8 @@ def wrap(obj: Any, *, name: str | None = None) -> tuple[Callable[..., np.ndarray
                 warnings.warn(f"{label} has no weight: the weight passed is dropped (the module "
                               "computes x·rstd)", UserWarning, stacklevel=4)
             return module(xt)
-        if wt is None:                   # the neutral weight: 1, or 0 when used as 1 + w
-            wt = torch.full(shape, 1.0 - (declared.offset or 0.0), dtype=xt.dtype)
+        if wt is None:                   # weight=None means w = 1, as for rmsref.rms_norm
+            wt = torch.ones(shape, dtype=xt.dtype)
         return torch.func.functional_call(module, {"weight": wt}, (xt,))
 
     def run(x, normalized_shape, weight, eps, grad: bool):
