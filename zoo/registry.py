@@ -151,7 +151,7 @@ def run(entry: ZooEntry, *, identify: bool = True):
     result.report_notes = list(report.notes)
     result.eps_default = _eps_default(forward, entry)
     result.out_dtype = _out_dtypes(forward)
-    result.float64 = _float64_behaviour(forward)
+    result.float64 = _float64_behaviour(forward, entry.convention)
     if identify:
         result.identified = _identified(forward)
     result.seconds = round(time.perf_counter() - t0, 2)
@@ -226,11 +226,13 @@ def _try_dtype(forward, x, w) -> str:
         return f"refused ({type(exc).__name__})"
 
 
-def _float64_behaviour(forward) -> str:
+def _float64_behaviour(forward, convention: str) -> str:
     """What the implementation computes for float64 input: its output dtype and how close to
-    the float64 oracle (a float32 pipeline is ~1e-7 relative off, a float64 one ~1e-16)."""
-    import rmsref
+    the float64 oracle of its convention (a float32 pipeline is ~1e-7 relative off, a float64
+    one ~1e-16)."""
+    from rmsref import conventions
     from rmsref._declared import declared_by
+    from rmsref.rmsnorm import rms_norm_forward
 
     rng = np.random.default_rng(1)
     x = 2.0 * rng.standard_normal((8, 256))
@@ -239,12 +241,15 @@ def _float64_behaviour(forward) -> str:
         y = np.asarray(forward(x, 256, w, 1e-5))
     except Exception as exc:  # refusing float64 is an answer too
         return f"refused ({type(exc).__name__}: {str(exc)[:60]})"
-    ref = rmsref.rms_norm(x, 256, w, 1e-5)
+    offset = conventions.get(convention).default_offset
+    ref, _ = rms_norm_forward(x, 256, w, 1e-5, offset=offset, out_dtype=np.float64)
     with np.errstate(all="ignore"):
         rel = float(np.max(np.abs(y.astype(np.float64) - ref) / np.abs(ref)))
     if not math.isfinite(rel):
         return f"{y.dtype.name} output, non-finite"
-    precision = "float64" if rel < 1e-12 else "float32" if rel < 1e-5 else "neither"
+    if rel >= 1e-5:
+        return f"{y.dtype.name} output, not RMSNorm's value (max rel err {rel:.1e})"
+    precision = "float64" if rel < 1e-12 else "float32"
     return f"{y.dtype.name} output, computed in {precision} (max rel err {rel:.1e})"
 
 
