@@ -637,6 +637,9 @@ def _as_declared(conv: conv_mod.Convention, declared: Declared
                      f"'{conv.name}' convention's default is not used)")
     if declared.normalized_dims == "last":
         notes.append("the implementation normalises the last dimension only")
+    if declared.param_dtype is not None:
+        notes.append(f"its own parameters are {declared.param_dtype}; each probe passes its "
+                     "weight in the probe's dtype")
     if not declared.has_weight:
         notes.append("the implementation has no weight: the probes' weights are dropped and "
                      "y = x·rstd is checked")

@@ -278,3 +278,25 @@ def test_errors_name_the_callable_and_what_it_returned():
                    dtypes=["float32"], probes=["gaussian"], repeat=False)
     dx = next(c for c in rep.cases if c.quantity == "dx")
     assert "one_gradient" in dx.message and "(dx, dweight)" in dx.message, dx.message
+
+
+def test_cli_overrides_what_a_plain_function_cannot_declare(tmp_path, monkeypatch, capsys):
+    from rmsref.cli import main
+
+    (tmp_path / "last_dim_user.py").write_text(textwrap.dedent('''
+        import numpy as np
+
+        def norm(x, shape, weight=None, eps=None):
+            x32 = np.asarray(x, np.float32)
+            ms = np.mean(x32 * x32, axis=-1, keepdims=True)
+            y = x32 / np.sqrt(ms + np.float32(1e-5 if eps is None else eps))
+            return (y if weight is None else y * weight.astype(np.float32)).astype(x.dtype)
+    '''))
+    monkeypatch.chdir(tmp_path)
+    args = ["validate", "last_dim_user:norm", "--dtype", "float32", "--probes",
+            "gaussian,eps_default,multidim", "--no-progress"]
+    assert main(args) == 1
+    capsys.readouterr()
+    assert main(args + ["--eps-default", "1e-5", "--normalized-dims", "last"]) == 0
+    text = capsys.readouterr().out
+    assert "n/a (normalises the last dimension only" in text, text

@@ -164,7 +164,10 @@ def _declare(module, eps_default: float | None, takes_eps: bool) -> Declared:
 
 def _module_declaration(obj, builder: _ClassBuilder | None) -> Declared:
     if builder is not None:
-        module = builder.build((64,), None)
+        try:
+            module = builder.build((64,), None)
+        except Exception:  # not buildable from its signature: each call will say why
+            return Declared()
         takes_eps = builder.eps_name is not None or eps_attribute(module)[0] is not None
         return _declare(module, builder.eps_default, takes_eps)
     attr, value = eps_attribute(obj)

@@ -39,6 +39,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"comma-separated probes (default: all): {', '.join(ALL_PROBES)}")
     parser.add_argument("--eps", type=float, default=None,
                         help="eps passed to every probe (default: the implementation's default)")
+    parser.add_argument("--eps-default", type=float, default=None, metavar="EPS",
+                        help="the eps the implementation uses when given none (default: what "
+                             "it declares, e.g. a module's variance_epsilon, else the "
+                             "convention's)")
+    parser.add_argument("--normalized-dims", choices=("any", "last"), default=None,
+                        help="'last' when it normalises the last dimension only (default: what "
+                             "it declares, else 'any')")
     parser.add_argument("--seed", type=int, default=0, help="seed of the probe inputs")
     parser.add_argument("--framework", default="auto", choices=("auto", "numpy", "torch", "jax"),
                         help="adapter to use (default: decided from the object)")
@@ -73,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
         return validate(loaded.forward, loaded.backward, convention=args.convention,
                         dtypes=dtypes, probes=probes, eps=args.eps, seed=args.seed,
                         form="deterministic" if args.deterministic else "probabilistic",
-                        name=loaded.name, progress=progress)
+                        name=loaded.name, progress=progress, eps_default=args.eps_default,
+                        normalized_dims=args.normalized_dims)
 
     if args.no_progress:
         report = run_validation(None)
