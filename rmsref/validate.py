@@ -289,17 +289,18 @@ class ValidationReport:
         for (probe, dtype), qs in rows.items():
             def r(q, qs=qs):
                 c = qs.get(q)
-                if c is None:
+                if c is None or c.status == "n/a":
                     return "-"
                 return _fmt(c.ratio) if not c.message or c.ratio else "ERR"
             worst_c = max(qs.values(), key=lambda c: (not c.ok, c.ratio))
             worst = f"{worst_c.quantity},{worst_c.worst[0]},{worst_c.worst[1]}" \
                 if worst_c.worst is not None else ""
-            ulp_y = _fmt(qs["y"].max_ulp) if "y" in qs else "-"
+            ulp_y = _fmt(qs["y"].max_ulp) if "y" in qs and qs["y"].status != "n/a" else "-"
             status = _row_status(qs.values())
             if probe in ("order", "repeat"):
                 msg = next(iter(qs.values())).message
-                status += f" ({msg})" if msg else " (identical bits)"
+                if msg not in status:
+                    status += f" ({msg})" if msg else " (identical bits)"
             out.append(f"{probe:<13}{dtype:<9}{r('y'):>9}{r('dx'):>9}{r('dweight'):>9}"
                        f"{ulp_y:>9}  {worst:<22}{status}")
         n_fail = len(self.failures)
@@ -991,7 +992,7 @@ def _check_repeat(forward, backward, dname, dt, seed, cases, diag,
     y1, e1 = _call(forward, x, n, w, None)
     y2, e2 = _call(forward, x, n, w, None)
     if e1 or e2:
-        res.passed, res.message = False, f"forward raised {e1 or e2}"
+        res.passed, res.message = False, f"forward {_label(forward)} raised {e1 or e2}"
         return
     bad = []
     if not _same_bits(y1, y2):
