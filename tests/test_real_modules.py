@@ -300,3 +300,24 @@ def test_cli_overrides_what_a_plain_function_cannot_declare(tmp_path, monkeypatc
     assert main(args + ["--eps-default", "1e-5", "--normalized-dims", "last"]) == 0
     text = capsys.readouterr().out
     assert "n/a (normalises the last dimension only" in text, text
+
+
+def test_wrap_succeeds_for_a_module_that_cannot_run_here_and_reads_an_offset_attribute():
+    """Declarations are read at wrap time; a module that raises (a GPU-only kernel) must still
+    wrap, its calls raising later. Liger-style modules state their offset as an attribute."""
+    torch = _torch()
+    from rmsref.adapters.torch import wrap
+
+    class GpuOnly(torch.nn.Module):
+        def __init__(self, hidden_size, eps=1e-6, offset=1.0):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(hidden_size))
+            self.variance_epsilon, self.offset = eps, offset
+
+        def forward(self, x):
+            raise RuntimeError("no GPU here")
+
+    fwd, _ = wrap(GpuOnly)
+    assert fwd.rmsref_declared.offset == 1.0 and fwd.rmsref_declared.eps_default == 1e-6
+    with pytest.raises(RuntimeError, match="no GPU"):
+        fwd(np.ones((1, 8), np.float32), 8)

@@ -131,15 +131,23 @@ def _weight_of(module):
 def _offset_of(module) -> float | None:
     """1.0 when ``module`` uses its weight as 1 + w, 0.0 when as w, None when neither fits.
 
-    Read by running it once with a zero weight: y = 0 for w, y = x̂ for 1 + w.
+    A numeric ``offset`` attribute (Liger's modules) says it; otherwise it is read by running the
+    module once with a zero weight: y = 0 for w, y = x̂ for 1 + w. A module that cannot run
+    here declares nothing (its calls will say why).
     """
     torch = _torch()
+    offset = getattr(module, "offset", None)
+    if isinstance(offset, (int, float)) and not isinstance(offset, bool):
+        return float(offset)
     w = _weight_of(module)
     g = torch.Generator().manual_seed(0)
     x = torch.randn((2, *w.shape), generator=g, dtype=torch.float32)
-    with torch.no_grad():
-        y = torch.func.functional_call(module, {"weight": torch.zeros_like(x[0])}, (x,))
-        xhat = torch.nn.functional.rms_norm(x, list(w.shape), None, 1e-6)
+    try:
+        with torch.no_grad():
+            y = torch.func.functional_call(module, {"weight": torch.zeros_like(x[0])}, (x,))
+    except Exception:
+        return None
+    xhat = torch.nn.functional.rms_norm(x, list(w.shape), None, 1e-6)
     if not torch.any(y):
         return 0.0
     if torch.allclose(y.float(), xhat, rtol=1e-2, atol=1e-3):
