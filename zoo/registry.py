@@ -173,6 +173,9 @@ def _verdict(report, dname: str) -> tuple[str, list[str], list[str]]:
         return "pass", [], []
     seen = {code for c in failed for code in getattr(c, "diagnoses", [])}
     order = [d.code for d in report.diagnoses]
+    if not seen:       # a diagnosis that names where it was seen rather than marking the cases
+        seen = {d.code for d in report.diagnoses
+                if dname in f"{getattr(d, 'seen_in', '')} {getattr(d, 'evidence', '')}"}
     codes = [code for code in order if code in seen] + sorted(seen - set(order))
     return "fail", codes, sorted({f"{c.probe}/{c.quantity}" for c in failed})
 
