@@ -84,6 +84,12 @@ def _framework_array(a: Any) -> np.ndarray | None:
     return None
 
 
+def to_numpy(a: Any) -> np.ndarray:
+    """An implementation's output as NumPy, bits unchanged (torch bfloat16 and CuPy included)."""
+    from_framework = None if isinstance(a, np.ndarray) else _framework_array(a)
+    return np.asarray(a) if from_framework is None else from_framework
+
+
 def normalize_shape(normalized_shape: ShapeLike) -> tuple[int, ...]:
     """``normalized_shape`` as a tuple of positive ints (an int ``N`` means ``(N,)``)."""
     if isinstance(normalized_shape, (int, np.integer)) and not isinstance(normalized_shape, bool):

@@ -45,6 +45,7 @@ from rmsref._shapes import (
     normalize_shape,
     opmath_dtype,
     rows_view,
+    to_numpy,
 )
 
 _F16 = np.dtype(np.float16)
@@ -525,7 +526,7 @@ def _identify_dtype(forward, dname, weight_dtypes, rng, m, n, eps, offset, neutr
         if case in sizes:                                # float32 x: None and "float32" agree
             continue
         try:
-            y = np.asarray(forward(x, n, w, eps))
+            y = to_numpy(forward(x, n, w, eps))
         except Exception as exc:  # e.g. a kernel that wants weight and input dtypes equal
             errors.append(f"{dname} x with {wdt} weight: {exc}")
             continue
@@ -557,7 +558,7 @@ def estimate_rstd(forward: Callable[..., Any], x: np.ndarray, eps: float | None,
     n = x32.shape[-1]
     w0 = None if not offset else np.full(n, 1.0 - offset, np.float32)
     try:
-        y32 = np.asarray(forward(x32, n, w0, eps)).astype(np.float64)
+        y32 = to_numpy(forward(x32, n, w0, eps)).astype(np.float64)
     except Exception:
         return None
     x64 = x32.astype(np.float64)

@@ -42,7 +42,8 @@ import numpy as np
 from rmsref import conventions as conv_mod
 from rmsref import tolerance as tol
 from rmsref._declared import NOTHING_DECLARED, Declared, NormalizedDims, declared_by
-from rmsref._shapes import FLOAT_DTYPES, _framework_array
+from rmsref._shapes import FLOAT_DTYPES
+from rmsref._shapes import to_numpy as _as_numpy
 
 Forward = Callable[..., Any]
 Backward = Callable[..., Any]
@@ -499,8 +500,12 @@ class _Diagnoser:
 
 
 def _call(fn: Callable, *args) -> tuple[Any, str]:
+    """``fn(*args)`` with its arrays as NumPy (torch/CuPy outputs included), or its error text."""
     try:
-        return fn(*args), ""
+        out = fn(*args)
+        if isinstance(out, (tuple, list)):
+            return tuple(None if o is None else _as_numpy(o) for o in out), ""
+        return (None if out is None else _as_numpy(out)), ""
     except Exception as exc:  # the implementation's own error is a result, not our crash
         tb = traceback.format_exception_only(type(exc), exc)[-1].strip()
         return None, tb
@@ -669,12 +674,6 @@ def _returned(obj: Any) -> str:
         return f"a {type(obj).__name__} of {len(obj)} item(s)"
     shape = getattr(obj, "shape", None)
     return f"a {type(obj).__name__}" + (f" of shape {tuple(shape)}" if shape is not None else "")
-
-
-def _as_numpy(a: Any) -> np.ndarray:
-    """An implementation's output as NumPy (a torch bfloat16 tensor or CuPy array included)."""
-    from_framework = None if isinstance(a, np.ndarray) else _framework_array(a)
-    return np.asarray(a) if from_framework is None else from_framework
 
 
 def _label(fn: Callable) -> str:

@@ -321,3 +321,18 @@ def test_wrap_succeeds_for_a_module_that_cannot_run_here_and_reads_an_offset_att
     assert fwd.rmsref_declared.offset == 1.0 and fwd.rmsref_declared.eps_default == 1e-6
     with pytest.raises(RuntimeError, match="no GPU"):
         fwd(np.ones((1, 8), np.float32), 8)
+
+
+def test_identify_and_validate_take_a_forward_that_returns_torch_bfloat16():
+    """A NumPy-in, torch-out function: its bfloat16 tensors are read bit for bit."""
+    torch = _torch()
+    from rmsref.adapters.torch import to_torch
+    from rmsref.conventions import identify
+
+    def numpy_in_torch_out(x, shape, w=None, eps=None):
+        return torch.nn.functional.rms_norm(to_torch(x), [shape], None if w is None else
+                                            to_torch(w), eps)
+
+    assert identify(numpy_in_torch_out)[0].name == "torch"
+    rep = validate(numpy_in_torch_out, dtypes=["bfloat16"], probes=["gaussian"], repeat=False)
+    assert rep, rep.table()
