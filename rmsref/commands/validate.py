@@ -117,3 +117,5 @@ def _print_closest(forward, eps: float | None) -> None:
         return
     best = ", ".join(f"{m.name} {m.rate:.1%}" for m in ranking[:3])
     print(f"closest conventions (bit-exact share of half-precision outputs): {best}")
+    per_case = ", ".join(f"{case} {rate:.1%}" for case, rate in ranking[0].rates.items())
+    print(f"  {ranking[0].name} per input/weight dtype: {per_case}")
