@@ -38,11 +38,15 @@ ShapeLike = int | Sequence[int]
 def as_array(a: Any, name: str) -> np.ndarray:
     """Return ``a`` as a NumPy array of a supported dtype, without copying when possible.
 
-    Accepts NumPy arrays and anything with ``__array__`` or ``__dlpack__``. Raises ``TypeError``
-    naming the dtype for integer, bool, object, string and other unsupported dtypes.
+    Accepts NumPy arrays, torch tensors (bfloat16 included, on any device), JAX arrays, CuPy
+    arrays, and anything with ``__array__`` or ``__dlpack__``. Raises ``TypeError`` naming the
+    dtype for integer, bool, object, string and other unsupported dtypes.
     """
+    from_framework = None if isinstance(a, np.ndarray) else _framework_array(a)
     if isinstance(a, np.ndarray):
         arr = a
+    elif from_framework is not None:
+        arr = from_framework
     elif hasattr(a, "__array__"):
         arr = np.asarray(a)
     elif hasattr(a, "__dlpack__"):
@@ -61,6 +65,29 @@ def as_array(a: Any, name: str) -> np.ndarray:
             "(cast integer inputs explicitly, e.g. x.astype(np.float32))"
         )
     return arr
+
+
+def _framework_array(a: Any) -> np.ndarray | None:
+    """A torch tensor or CuPy array as NumPy, bits unchanged; None for anything else.
+
+    NumPy's own conversion fails on both (torch bfloat16 has no NumPy dtype, CuPy refuses the
+    implicit device-to-host copy); JAX arrays convert through ``__array__`` (their bfloat16 is
+    ml_dtypes').
+    """
+    package = type(a).__module__.partition(".")[0]
+    if package == "torch":
+        from rmsref.adapters.torch import to_numpy
+
+        return to_numpy(a)
+    if package == "cupy":
+        return a.get()
+    return None
+
+
+def to_numpy(a: Any) -> np.ndarray:
+    """An implementation's output as NumPy, bits unchanged (torch bfloat16 and CuPy included)."""
+    from_framework = None if isinstance(a, np.ndarray) else _framework_array(a)
+    return np.asarray(a) if from_framework is None else from_framework
 
 
 def normalize_shape(normalized_shape: ShapeLike) -> tuple[int, ...]:

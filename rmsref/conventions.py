@@ -33,11 +33,12 @@ before multiplying by the weight (the ``llama`` order); eps=None meant finfo(inp
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from rmsref._declared import declared_by
 from rmsref._shapes import (
     as_array,
     bfloat16,
@@ -46,6 +47,7 @@ from rmsref._shapes import (
     normalize_shape,
     opmath_dtype,
     rows_view,
+    to_numpy,
 )
 
 _F16 = np.dtype(np.float16)
@@ -429,6 +431,9 @@ class Match:
     name: str
     rate: float            # fraction of elements bit-identical (NaN matching NaN)
     dtype_match: bool      # whether the output dtype is the convention's
+    #: The rate per case, keyed "input dtype/w=weight dtype" ("bfloat16/w=float32"): behaviour
+    #: that depends on the weight's dtype shows here and is hidden by the pooled rate.
+    rates: dict[str, float] = field(default_factory=dict, compare=False, hash=False)
 
 
 def _bits_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -455,69 +460,107 @@ def identify(
     runs on Gaussian rows with a random weight for each input dtype and each weight dtype (None:
     the input's; a float32 weight separates ``llama`` from ``t5``, which agree when the weight has
     the input's dtype); every convention is emulated on the same inputs with the same explicit
-    ``eps``. A weight dtype the implementation refuses (raises) is skipped. Half dtypes separate
-    the conventions; in float32 most coincide. With ``share_statistic`` the implementation's own
-    rstd is read back from a float32 run (:func:`estimate_rstd`) and shared by the conventions
-    that compute it the standard way, so the epilogues are compared bit for bit; otherwise our
-    correctly rounded rstd is used and even the right convention may miss the elements of rows
-    where the implementation's rstd differs in its last bit.
+    ``eps``. A dtype the implementation refuses (raises) is skipped. Half dtypes separate the
+    conventions; in float32 most coincide (those forming rstd·w first, ``flax``, still stand
+    apart). An implementation that refuses every requested dtype is ranked on float32 inputs.
+    With ``share_statistic`` the implementation's own rstd is read back from a float32 run
+    (:func:`estimate_rstd`, with the neutral weight of a module that declares 1 + w) and shared
+    by the conventions that compute it the standard way, so the epilogues are compared bit for
+    bit; otherwise our correctly rounded rstd is used and even the right convention may miss the
+    elements of rows where the implementation's rstd differs in its last bit.
 
     Returns
     -------
     list of Match
-        Best first; ties keep the listing order of :data:`CONVENTIONS`.
+        Best first; ties keep the listing order of :data:`CONVENTIONS`. Each carries its rate
+        per case (``Match.rates``).
     """
     rng = np.random.default_rng(seed)
     pool = list(candidates) if candidates is not None else [
         n for n in CONVENTIONS if n not in ("paper",)]
     m, n = shape
-    hits = dict.fromkeys(pool, 0)
+    hits = {name: {} for name in pool}                 # name -> case -> bit-identical elements
+    sizes: dict[str, int] = {}                          # case -> elements
     dt_ok = dict.fromkeys(pool, True)
-    total = 0
-    errors = []
+    errors: list[str] = []
+    # The statistic of a module that declares a 1 + w weight is read back with w = 0; a module
+    # without a weight runs without one.
+    declared = declared_by(forward)
+    neutral = offset or declared.offset or 0.0
+    if not declared.has_weight:
+        weight_dtypes = ("none",)
     for dname in dtypes:
-        dt = np.dtype(bfloat16 if dname == "bfloat16" else dname)
-        x = (rng.standard_normal((m, n)) * 2.0).astype(np.float32).astype(dt)
-        rstd = estimate_rstd(forward, x, eps) if share_statistic else None
-        for wname in weight_dtypes:
-            wdt = dt if wname is None else np.dtype(bfloat16 if wname == "bfloat16" else wname)
-            w = (1.0 + 0.3 * rng.standard_normal(n)).astype(np.float32).astype(wdt)
-            try:
-                y = np.asarray(forward(x, n, w, eps))
-            except Exception as exc:  # e.g. a kernel that wants weight and input dtypes equal
-                errors.append(f"{dname} x with {wdt} weight: {exc}")
-                continue
-            total += y.size
-            for name in pool:
-                r = rstd if name in _STANDARD_STATISTIC else None
-                ye = emulate(name, x, w, eps, rstd=r, offset=offset if offset else None)
-                hits[name] += int(np.count_nonzero(_bits_equal(y, ye)))
-                dt_ok[name] &= ye.dtype == y.dtype
+        _identify_dtype(forward, dname, weight_dtypes, rng, m, n, eps, offset, neutral, pool,
+                        share_statistic, hits, sizes, dt_ok, errors)
+    if not sizes and "float32" not in dtypes:           # a float32-only implementation
+        _identify_dtype(forward, "float32", weight_dtypes, rng, m, n, eps, offset, neutral, pool,
+                        share_statistic, hits, sizes, dt_ok, errors)
+    total = sum(sizes.values())
     if total == 0:
         raise ValueError("identify: the implementation ran on none of the inputs: "
                          + "; ".join(errors))
-    ranking = [Match(name, hits[name] / total, dt_ok[name]) for name in pool]
+    ranking = [Match(name, sum(hits[name].values()) / total, dt_ok[name],
+                     {case: hits[name][case] / size for case, size in sizes.items()})
+               for name in pool]
     order = {name: i for i, name in enumerate(pool)}
     ranking.sort(key=lambda mt: (-mt.rate, not mt.dtype_match, order[mt.name]))
     return ranking
+
+
+def _weight_dtype(wname: str | None, dt: np.dtype) -> np.dtype | None:
+    """identify's weight dtype names: None is the input's dtype, "none" no weight at all."""
+    if wname == "none":
+        return None
+    return dt if wname is None else np.dtype(bfloat16 if wname == "bfloat16" else wname)
+
+
+def _identify_dtype(forward, dname, weight_dtypes, rng, m, n, eps, offset, neutral, pool,
+                    share_statistic, hits, sizes, dt_ok, errors) -> None:
+    """One input dtype of :func:`identify`: run each weight dtype, count bit-exact elements."""
+    dt = np.dtype(bfloat16 if dname == "bfloat16" else dname)
+    x = (rng.standard_normal((m, n)) * 2.0).astype(np.float32).astype(dt)
+    rstd = estimate_rstd(forward, x, eps, offset=neutral) if share_statistic else None
+    for wname in weight_dtypes:
+        wdt = _weight_dtype(wname, dt)
+        w = None if wdt is None else (1.0 + 0.3 * rng.standard_normal(n)).astype(
+            np.float32).astype(wdt)
+        case = f"{dname}/w={'none' if wdt is None else wdt.name}"
+        if case in sizes:                                # float32 x: None and "float32" agree
+            continue
+        try:
+            y = to_numpy(forward(x, n, w, eps))
+        except Exception as exc:  # e.g. a kernel that wants weight and input dtypes equal
+            errors.append(f"{dname} x with {wdt} weight: {exc}")
+            continue
+        sizes[case] = y.size
+        for name in pool:
+            r = rstd if name in _STANDARD_STATISTIC else None
+            ye = emulate(name, x, w, eps, rstd=r, offset=offset if offset else None)
+            hits[name][case] = int(np.count_nonzero(_bits_equal(y, ye)))
+            dt_ok[name] &= ye.dtype == y.dtype
 
 
 #: Conventions whose statistic is rsqrt(fp32 mean(x²) + eps): they can share an estimated rstd.
 _STANDARD_STATISTIC = ("torch", "llama", "gemma", "gemma_wdtype", "t5", "flax", "fused_fp32")
 
 
-def estimate_rstd(forward: Callable[..., Any], x: np.ndarray, eps: float) -> np.ndarray | None:
+def estimate_rstd(forward: Callable[..., Any], x: np.ndarray, eps: float | None,
+                  offset: float = 0.0) -> np.ndarray | None:
     """The implementation's own float32 rstd per row, read back from a float32 run.
 
-    ``forward(f32(x), N, None, eps)`` returns R_f32(x·rstd) for a standard implementation; for
-    each row the float32 value of y/x that occurs most often is its rstd (each element pins rstd
-    to within an ulp; the mode is exact in practice). Returns None when the forward refuses
-    float32 input or weight=None. Using it lets :func:`identify` compare epilogues bit for bit
-    instead of being blurred by last-bit differences of the sum.
+    ``forward(f32(x), N, w0, eps)`` with the neutral weight w0 (None, i.e. w = 1, for a plain
+    weight; w = 1 − offset for a weight used as offset + w: zeros for Gemma's 1 + w) returns
+    R_f32(x·rstd) for a standard implementation; for each row the float32 value of y/x that
+    occurs most often is its rstd (each element pins rstd to within an ulp; the mode is exact in
+    practice). Returns None when the forward refuses float32 input or the neutral weight. Using
+    it lets :func:`identify` compare epilogues bit for bit instead of being blurred by last-bit
+    differences of the sum.
     """
     x32 = np.asarray(x).astype(np.float32)
+    n = x32.shape[-1]
+    w0 = None if not offset else np.full(n, 1.0 - offset, np.float32)
     try:
-        y32 = np.asarray(forward(x32, x32.shape[-1], None, eps)).astype(np.float64)
+        y32 = to_numpy(forward(x32, n, w0, eps)).astype(np.float64)
     except Exception:
         return None
     x64 = x32.astype(np.float64)

@@ -34,7 +34,7 @@ import json
 import math
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -42,7 +42,9 @@ import numpy as np
 from rmsref import conventions as conv_mod
 from rmsref import diagnosis
 from rmsref import tolerance as tol
+from rmsref._declared import NOTHING_DECLARED, Declared, NormalizedDims, declared_by
 from rmsref._shapes import FLOAT_DTYPES
+from rmsref._shapes import to_numpy as _as_numpy
 from rmsref.diagnosis import Diagnosis
 
 Forward = Callable[..., Any]
@@ -218,10 +220,20 @@ class CaseResult:
     advisory: bool = False
     message: str = ""
     diagnoses: list[str] = field(default_factory=list)
+    not_applicable: str = ""          # why the probe does not apply to what was declared
 
     @property
     def ok(self) -> bool:
-        return self.passed or self.advisory
+        return self.passed or self.advisory or bool(self.not_applicable)
+
+    @property
+    def status(self) -> str:
+        """"pass", "fail", "warn" (an advisory failure) or "n/a" (not applicable)."""
+        if self.not_applicable:
+            return "n/a"
+        if self.passed:
+            return "pass"
+        return "warn" if self.advisory else "fail"
 
 
 @dataclass
@@ -233,6 +245,7 @@ class ValidationReport:
     cases: list[CaseResult]
     diagnoses: list[Diagnosis]
     name: str = "implementation"
+    notes: list[str] = field(default_factory=list)     # what was declared and how it was used
 
     def __bool__(self) -> bool:
         return all(c.ok for c in self.cases)
@@ -246,7 +259,7 @@ class ValidationReport:
         n_fail = len(self.failures)
         head = (f"{self.name}: {'PASS' if self else 'FAIL'} against convention "
                 f"'{self.convention}' ({len(self.cases)} checks, {n_fail} failed)")
-        out = [head]
+        out = [head] + [f"  note: {note}" for note in self.notes]
         for c in self.failures[:12]:
             out.append(f"  FAIL {c.probe}/{c.dtype} {c.quantity}: ratio {_fmt(c.ratio)}, "
                        f"max abs {_fmt(c.max_abs)}, max ulp {_fmt(c.max_ulp)} at {c.worst}"
@@ -266,24 +279,27 @@ class ValidationReport:
         for (probe, dtype), qs in rows.items():
             def r(q, qs=qs):
                 c = qs.get(q)
-                if c is None:
+                if c is None or c.status == "n/a":
                     return "-"
                 return _fmt(c.ratio) if not c.message or c.ratio else "ERR"
             worst_c = max(qs.values(), key=lambda c: (not c.ok, c.ratio))
             worst = f"{worst_c.quantity},{worst_c.worst[0]},{worst_c.worst[1]}" \
                 if worst_c.worst is not None else ""
-            ulp_y = _fmt(qs["y"].max_ulp) if "y" in qs else "-"
-            status = "ok" if all(c.passed for c in qs.values()) else (
-                "WARN" if all(c.ok for c in qs.values()) else "FAIL")
+            ulp_y = _fmt(qs["y"].max_ulp) if "y" in qs and qs["y"].status != "n/a" else "-"
+            status = _row_status(qs.values())
             if probe in ("order", "repeat"):
                 msg = next(iter(qs.values())).message
-                status += f" ({msg})" if msg else " (identical bits)"
+                if msg not in status:
+                    status += f" ({msg})" if msg else " (identical bits)"
             out.append(f"{probe:<13}{dtype:<9}{r('y'):>9}{r('dx'):>9}{r('dweight'):>9}"
                        f"{ulp_y:>9}  {worst:<22}{status}")
         n_fail = len(self.failures)
         out.append("-" * len(hdr))
+        n_na = sum(1 for c in self.cases if c.status == "n/a")
         out.append(f"{'PASS' if self else 'FAIL'}: {len(self.cases)} checks, {n_fail} failed, "
-                   f"{sum(1 for c in self.cases if c.advisory and not c.passed)} advisory warnings")
+                   f"{sum(1 for c in self.cases if c.status == 'warn')} advisory warnings"
+                   + (f", {n_na} not applicable" if n_na else ""))
+        out.extend(f"note: {note}" for note in self.notes)
         out.extend(d.line() for d in self.diagnoses)
         return "\n".join(out)
 
@@ -296,7 +312,9 @@ class ValidationReport:
         doc = {
             "name": self.name, "convention": self.convention, "dtypes": list(self.dtypes),
             "passed": bool(self),
-            "cases": [{k: clean(v) for k, v in asdict(c).items()} for c in self.cases],
+            "notes": list(self.notes),
+            "cases": [{"status": c.status, **{k: clean(v) for k, v in asdict(c).items()}}
+                      for c in self.cases],
             "diagnoses": [asdict(d) for d in self.diagnoses],
         }
         text = json.dumps(doc, indent=1)
@@ -307,6 +325,19 @@ class ValidationReport:
 
     def __str__(self) -> str:
         return self.table()
+
+
+def _row_status(results) -> str:
+    """A table row's status; a failure raised by the implementation carries its text."""
+    results = list(results)
+    if all(c.status == "n/a" for c in results):
+        return f"n/a ({results[0].not_applicable})"
+    if all(c.status in ("pass", "n/a") for c in results):
+        return "ok"
+    if all(c.ok for c in results):
+        return "WARN"
+    raised = next((c.message for c in results if not c.ok and " raised " in c.message), "")
+    return f"FAIL — {raised}" if raised else "FAIL"
 
 
 def _fmt(v: float) -> str:
@@ -395,8 +426,12 @@ class _Diagnoser:
 
 
 def _call(fn: Callable, *args) -> tuple[Any, str]:
+    """``fn(*args)`` with its arrays as NumPy (torch/CuPy outputs included), or its error text."""
     try:
-        return fn(*args), ""
+        out = fn(*args)
+        if isinstance(out, (tuple, list)):
+            return tuple(None if o is None else _as_numpy(o) for o in out), ""
+        return (None if out is None else _as_numpy(out)), ""
     except Exception as exc:  # the implementation's own error is a result, not our crash
         tb = traceback.format_exception_only(type(exc), exc)[-1].strip()
         return None, tb
@@ -416,6 +451,8 @@ def validate(
     repeat: bool = True,
     name: str = "implementation",
     progress: Progress | None = None,
+    eps_default: float | None = None,
+    normalized_dims: NormalizedDims | None = None,
 ) -> ValidationReport:
     """Check ``forward`` (and ``backward``) against the oracle under rounding-error bounds.
 
@@ -448,6 +485,18 @@ def validate(
         How the implementation is called in the report.
     progress : callable, optional
         ``progress(done, total, label)`` after each probe × dtype.
+    eps_default : float, optional
+        The eps the implementation uses when called with eps=None, when it differs from the
+        convention's. Default: what the implementation declares (an adapter reads a module's
+        ``eps`` / ``variance_epsilon`` / ``epsilon``), else the convention's.
+    normalized_dims : {"any", "last"}, optional
+        "last" when it normalises the last dimension only: the multi-dimensional probe is then
+        reported as not applicable. Default: what the implementation declares, else "any".
+
+    What the implementation declares (``forward.rmsref_declared``, set by the adapters; see
+    :mod:`rmsref._declared`) is respected: its eps default, normalised dims, whether it has a
+    weight and takes an eps. A probe that does not apply is reported with status "n/a" and the
+    reason, never as a failure; the report's ``notes`` say what was declared and used.
 
     Returns
     -------
@@ -475,6 +524,9 @@ def validate(
     total = len(probe_list) * len(dtype_list)
     done = 0
     offset = conv.default_offset
+    declared = declared_by(forward).overridden(eps_default=eps_default,
+                                               normalized_dims=normalized_dims)
+    conv, notes = _as_declared(conv, declared)
 
     for dname in dtype_list:
         dt = _dt(dname)
@@ -482,6 +534,13 @@ def validate(
             rng = np.random.default_rng([seed, ALL_PROBES.index(probe), list(FLOAT_DTYPES).index(
                 dname)])
             for c in _make_cases(probe, dt, rng, shapes, eps):
+                reason = _not_applicable(c, declared)
+                if reason:
+                    cases.append(CaseResult(c.probe, dname, "y", tuple(c.x.shape), False,
+                                            not_applicable=reason))
+                    continue
+                if not declared.has_weight:
+                    c.weight = None
                 _check_case(c, dname, dt, forward, backward, conv, k_out, acc_rule, offset,
                             form, cases, diag, rms_norm_forward, rms_norm_backward)
             done += 1
@@ -489,13 +548,62 @@ def validate(
                 progress(done, total, f"{probe}/{dname}")
         if convention in _ORDER_RIVALS and dt in (FLOAT_DTYPES["float16"],
                                                   FLOAT_DTYPES["bfloat16"]):
-            _check_order(forward, convention, dname, dt, seed, cases, diag)
+            _check_order(forward, convention, dname, dt, seed, cases, diag, declared)
         if repeat:
-            _check_repeat(forward, backward, dname, dt, seed, cases, diag)
-    if backward is not None and "gaussian" in probe_list:
-        _check_float64_gradient(forward, backward, conv, seed, cases, diag)
+            _check_repeat(forward, backward, dname, dt, seed, cases, diag, declared)
+    if backward is not None and "gaussian" in probe_list and "float64" in dtype_list:
+        _check_float64_gradient(forward, backward, conv, seed, cases, diag, declared)
 
-    return ValidationReport(convention, tuple(dtype_list), cases, diag.finish(), name)
+    return ValidationReport(convention, tuple(dtype_list), cases, diag.finish(), name, notes)
+
+
+def _as_declared(conv: conv_mod.Convention, declared: Declared
+                 ) -> tuple[conv_mod.Convention, list[str]]:
+    """The convention with the implementation's declared eps default, and notes saying so."""
+    notes = []
+    if declared.eps_default is not None:
+        e = declared.eps_default
+        conv = replace(conv, default_eps=lambda dt: e,
+                       eps_default=f"{e:g}, declared by the implementation")
+        notes.append(f"eps=None probes use the implementation's declared eps {e:g} (the "
+                     f"'{conv.name}' convention's default is not used)")
+    if declared.normalized_dims == "last":
+        notes.append("the implementation normalises the last dimension only")
+    if declared.param_dtype is not None:
+        notes.append(f"its own parameters are {declared.param_dtype}; each probe passes its "
+                     "weight in the probe's dtype")
+    if not declared.has_weight:
+        notes.append("the implementation has no weight: the probes' weights are dropped and "
+                     "y = x·rstd is checked")
+    if not declared.takes_eps:
+        notes.append("the implementation takes no eps: probes with an explicit eps do not apply")
+    if declared.offset is not None and declared.offset != conv.default_offset:
+        notes.append(f"the implementation uses its weight as {declared.offset:g} + w, the "
+                     f"'{conv.name}' convention as {conv.default_offset:g} + w")
+    return conv, notes
+
+
+def _not_applicable(c: _Case, declared: Declared) -> str:
+    """Why probe case ``c`` does not apply to what the implementation declares ("" if it does)."""
+    if declared.normalized_dims == "last" and len(c.shape) > 1:
+        return f"normalises the last dimension only; this probe normalises {len(c.shape)} dims"
+    if not declared.takes_eps and c.eps is not None:
+        return f"takes no eps; this probe passes eps={c.eps:g}"
+    return ""
+
+
+def _returned(obj: Any) -> str:
+    """What a user's callable returned, in words (for error messages)."""
+    if obj is None:
+        return "None"
+    if isinstance(obj, (tuple, list)):
+        return f"a {type(obj).__name__} of {len(obj)} item(s)"
+    shape = getattr(obj, "shape", None)
+    return f"a {type(obj).__name__}" + (f" of shape {tuple(shape)}" if shape is not None else "")
+
+
+def _label(fn: Callable) -> str:
+    return getattr(fn, "__name__", None) or type(fn).__name__
 
 
 def _check_case(c: _Case, dname, dt, forward, backward, conv, k_out, acc_rule, offset, form,
@@ -528,10 +636,12 @@ def _check_case(c: _Case, dname, dt, forward, backward, conv, k_out, acc_rule, o
     cases.append(res)
     y, err = _call(forward, c.x, shape if len(shape) > 1 else shape[0], c.weight, c.eps)
     if err or y is None:
-        res.message = f"forward raised {err}" if err else "forward returned None"
+        res.message = (f"forward {_label(forward)} raised {err}" if err else
+                       f"forward {_label(forward)} returned None; expected y shaped like x "
+                       f"{c.x.shape}")
         res.ratio = math.inf
     else:
-        y = np.asarray(y)
+        y = _as_numpy(y)
         if y.shape != c.x.shape:
             res.message = f"y has shape {y.shape}, expected {c.x.shape}"
             res.ratio = math.inf
@@ -557,12 +667,14 @@ def _check_case(c: _Case, dname, dt, forward, backward, conv, k_out, acc_rule, o
     out, err = _call(backward, c.dy, c.x, shape if len(shape) > 1 else shape[0], c.weight, c.eps)
     rdx = CaseResult(c.probe, dname, "dx", tuple(c.x.shape), False, advisory=advisory)
     cases.append(rdx)
-    if err or out is None:
-        rdx.message = f"backward raised {err}" if err else "backward returned None"
+    if err or not isinstance(out, (tuple, list)) or len(out) != 2:
+        rdx.message = (f"backward {_label(backward)} raised {err}" if err else
+                       f"backward {_label(backward)} returned {_returned(out)}; expected the "
+                       "pair (dx, dweight) (dweight None when there is no weight)")
         rdx.ratio = math.inf
         return
     dx, dw = out[0], out[1] if len(out) > 1 else None
-    dx = np.asarray(dx)
+    dx = _as_numpy(dx)
     if dx.shape != c.x.shape:
         rdx.message = f"dx has shape {dx.shape}, expected {c.x.shape}"
         rdx.ratio = math.inf
@@ -583,7 +695,7 @@ def _check_case(c: _Case, dname, dt, forward, backward, conv, k_out, acc_rule, o
         rdw.message = "backward returned no dweight"
         rdw.ratio = math.inf
         return
-    dw = np.asarray(dw)
+    dw = _as_numpy(dw)
     if dw.size != n or (dw.shape != c.weight.shape and dw.shape != (n,)):
         rdw.message = f"dweight has shape {dw.shape}, expected {c.weight.shape}"
         rdw.ratio = math.inf
@@ -639,27 +751,32 @@ def _match(y2: np.ndarray, ye: np.ndarray, n: int) -> float:
     return float(np.mean((a == b) | (np.isnan(a) & np.isnan(b))))
 
 
-def _check_order(forward, convention, dname, dt, seed, cases, diag) -> None:
+def _check_order(forward, convention, dname, dt, seed, cases, diag,
+                 declared: Declared = NOTHING_DECLARED) -> None:
     """On half types, the rounding order must be the convention's (bit-exact majority)."""
     rival = _ORDER_RIVALS[convention]
     rng = np.random.default_rng([seed, 99])
     n = 768
     x = _cast(2.0 * rng.standard_normal((32, n)), dt)
-    w = _cast(1.0 + 0.3 * rng.standard_normal(n), dt)
-    eps = 1e-5
+    w = _cast(1.0 + 0.3 * rng.standard_normal(n), dt) if declared.has_weight else None
+    eps = 1e-5 if declared.takes_eps else None     # None: the implementation's own eps
+    eps_emul = eps if eps is not None else declared.eps_default
     res = CaseResult("order", dname, "order", tuple(x.shape), False)
     cases.append(res)
     y, err = _call(forward, x, n, w, eps)
     if err or y is None:
-        res.message = f"forward raised {err}"
+        res.message = f"forward {_label(forward)} raised {err}" if err else (
+            f"forward {_label(forward)} returned None")
         res.ratio = math.inf
         return
     y2 = _rows2(y, n)
     # The implementation's own rstd (read back from a float32 run) keeps last-bit differences of
-    # its sum out of the comparison; without it, ours (correctly rounded) is used.
-    r = conv_mod.estimate_rstd(forward, x, eps)
-    own = _match(y2, conv_mod.emulate(convention, x, w, eps, rstd=r), n)
-    alt = _match(y2, conv_mod.emulate(rival, x, w, eps, rstd=r), n)
+    # its sum out of the comparison; without it, ours (correctly rounded) is used. A 1 + w
+    # module is read back with w = 0, the neutral weight of its convention.
+    offset = conv_mod.get(convention).default_offset
+    r = conv_mod.estimate_rstd(forward, x, eps, offset=offset)
+    own = _match(y2, conv_mod.emulate(convention, x, w, eps_emul, rstd=r), n)
+    alt = _match(y2, conv_mod.emulate(rival, x, w, eps_emul, rstd=r), n)
     res.max_rel = 1.0 - own                # fraction of elements not bit-identical
     res.ratio = (1.0 - own) / max(1.0 - alt, 1e-12) if own < alt else 0.0
     res.passed = own >= alt or alt < 0.5    # neither order fits: other checks say why
@@ -668,19 +785,20 @@ def _check_order(forward, convention, dname, dt, seed, cases, diag) -> None:
         _order_diagnosis(diag, convention, rival, own, alt, f"order/{dname}", res)
 
 
-def _check_repeat(forward, backward, dname, dt, seed, cases, diag) -> None:
+def _check_repeat(forward, backward, dname, dt, seed, cases, diag,
+                  declared: Declared = NOTHING_DECLARED) -> None:
     """Two identical calls must give identical bits (forward and, when given, backward)."""
     rng = np.random.default_rng([seed, 98])
     n = 1024
     x = _cast(2.0 * rng.standard_normal((64, n)), dt)
-    w = _cast(1.0 + 0.3 * rng.standard_normal(n), dt)
+    w = _cast(1.0 + 0.3 * rng.standard_normal(n), dt) if declared.has_weight else None
     g = _cast(rng.standard_normal((64, n)), dt)
     res = CaseResult("repeat", dname, "repeat", tuple(x.shape), True)
     cases.append(res)
     y1, e1 = _call(forward, x, n, w, None)
     y2, e2 = _call(forward, x, n, w, None)
     if e1 or e2:
-        res.passed, res.message = False, f"forward raised {e1 or e2}"
+        res.passed, res.message = False, f"forward {_label(forward)} raised {e1 or e2}"
         return
     bad = []
     if not _same_bits(y1, y2):
@@ -700,7 +818,8 @@ def _check_repeat(forward, backward, dname, dt, seed, cases, diag) -> None:
         diag.add("nondeterministic", f"repeat/{dname}", res, what=what)
 
 
-def _check_float64_gradient(forward, backward, conv, seed, cases, diag) -> None:
+def _check_float64_gradient(forward, backward, conv, seed, cases, diag,
+                            declared: Declared = NOTHING_DECLARED) -> None:
     """In float64, the backward must be the derivative of the implementation's *own* forward.
 
     Directional central differences along a random v (and a random weight direction):
@@ -715,7 +834,9 @@ def _check_float64_gradient(forward, backward, conv, seed, cases, diag) -> None:
     g = rng.standard_normal((m, n))
     v = rng.standard_normal((m, n))
     vw = rng.standard_normal(n)
-    eps = 1e-5
+    if not declared.has_weight:
+        w, vw = None, np.zeros(n)
+    eps = 1e-5 if declared.takes_eps else None
     res = CaseResult("gradcheck", "float64", "dx", (m, n), True)
     y0, err = _call(forward, x, n, w, eps)
     if err or y0 is None or np.asarray(y0).dtype != np.float64:
@@ -727,8 +848,8 @@ def _check_float64_gradient(forward, backward, conv, seed, cases, diag) -> None:
         res.message = f"backward raised {err} in float64"
         return
     h = 1e-6
-    yp = np.asarray(forward(x + h * v, n, w + h * vw, eps), np.float64)
-    ym = np.asarray(forward(x - h * v, n, w - h * vw, eps), np.float64)
+    yp = np.asarray(forward(x + h * v, n, None if w is None else w + h * vw, eps), np.float64)
+    ym = np.asarray(forward(x - h * v, n, None if w is None else w - h * vw, eps), np.float64)
     # Second difference y(x+hv) − 2y(x) + y(x−hv) = O(h²) ≈ 1e-12 for a float64 computation; far
     # larger means float64 in name only (e.g. an internal cast to float32): h is then too small.
     y0 = np.asarray(y0, np.float64)

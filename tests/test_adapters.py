@@ -59,8 +59,8 @@ def test_module_class_and_instance(rng):
     assert np.array_equal(fwd_cls(x, (4, 8), w, 1e-3), y_f)
     inst = torch.nn.RMSNorm([4, 8], eps=0.5)
     fwd_inst, bwd_inst = wrap(inst)
-    assert np.array_equal(fwd_inst(x, (4, 8), w, 1e-3), y_f)     # weight and eps were set
-    assert inst.eps == 1e-3
+    assert np.array_equal(fwd_inst(x, (4, 8), w, 1e-3), y_f)     # a private copy's
+    assert inst.eps == 0.5 and torch.equal(inst.weight.detach(), torch.ones(4, 8))  # not inst's
     dx, dw = bwd_inst(np.ones_like(x), x, (4, 8), w, 1e-3)
     assert dx.shape == x.shape and dw.shape == w.shape
 

@@ -68,6 +68,7 @@ def test_failing_implementation_exits_1_with_diagnosis(kernels, capsys):
     assert rc == 1
     assert "FAIL" in text and "DIAGNOSIS [double_rounding]" in text
     assert "closest conventions (bit-exact share of half-precision outputs): llama 100.0%" in text
+    assert "llama per input/weight dtype: bfloat16/w=bfloat16 100.0%, bfloat16/w=float32" in text
     assert main(["validate", f"{kernels}:rms_norm", "--backward", f"{kernels}:rms_norm_bwd",
                  "--no-progress"]) == 0
     capsys.readouterr()

@@ -9,7 +9,9 @@ as a plain NumPy callable with the signature of :func:`rmsref.rms_norm`.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -45,7 +47,7 @@ def load(spec: str) -> Any:
         raise ValueError(f"{spec!r} is not a 'package.module:function' path (e.g. "
                          "'torch.nn:RMSNorm' or 'mypkg.kernels:rms_norm')")
     module_name, _, attr = spec.partition(":")
-    module = importlib.import_module(module_name)
+    module = _import_from_cwd_first(module_name)
     obj: Any = module
     for part in attr.split("."):
         try:
@@ -53,6 +55,54 @@ def load(spec: str) -> Any:
         except AttributeError:
             raise ValueError(f"module {module_name!r} has no attribute {attr!r}") from None
     return obj
+
+
+def _import_from_cwd_first(module_name: str) -> Any:
+    """Import ``module_name`` searching the working directory first, as ``python -m`` does."""
+    cwd = os.getcwd()
+    added = cwd not in sys.path and "" not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        return importlib.import_module(module_name)
+    finally:
+        if added:
+            sys.path.remove(cwd)
+
+
+_JAX_PACKAGES = ("jax", "flax", "haiku", "equinox")
+
+
+def _package_framework(name: str) -> str | None:
+    if name == "torch" or name.startswith("torch."):
+        return "torch"
+    if name.startswith(_JAX_PACKAGES):
+        return "jax"
+    return None
+
+
+def _framework_of_globals(obj: Any) -> str | None:
+    """The framework a user's function is written in, read from the modules it can see.
+
+    First the names its own code uses (``torch.rsqrt`` in its body), then every module imported
+    into its module's globals; None when neither torch nor a JAX package appears, or both do.
+    """
+    module = sys.modules.get(getattr(obj, "__module__", "") or "")
+    namespace = getattr(obj, "__globals__", None) or (vars(module) if module else {})
+
+    def framework_of_value(v: Any) -> str | None:
+        name = v.__name__ if isinstance(v, types.ModuleType) else (
+            getattr(v, "__module__", "") or "")
+        return _package_framework(name)
+
+    code = getattr(obj, "__code__", None)
+    used = {framework_of_value(namespace[n]) for n in getattr(code, "co_names", ())
+            if n in namespace} - {None}
+    if len(used) == 1:
+        return used.pop()
+    seen = {framework_of_value(v) for v in namespace.values()
+            if isinstance(v, types.ModuleType)} - {None}
+    return seen.pop() if len(seen) == 1 else None
 
 
 def _framework_of(obj: Any, spec: str) -> str:
@@ -66,10 +116,23 @@ def _framework_of(obj: Any, spec: str) -> str:
             return "torch"
     if mod.startswith(_JAX_PACKAGES) or spec.startswith(_JAX_PACKAGES):
         return "jax"
-    return "numpy"
+    return _framework_of_globals(obj) or "numpy"
 
 
-_JAX_PACKAGES = ("jax", "flax", "haiku", "equinox")
+#: Fragments of the errors a function raises when it gets arrays of another framework.
+_ARRAY_TYPE_ERRORS = ("numpy.ndarray", "must be Tensor", "expected Tensor", "jaxlib",
+                      "ArrayImpl", "not a Tensor")
+
+
+def framework_hint(messages: list[str], framework: str) -> str | None:
+    """A ``--framework`` suggestion when the calls failed on the array type they were given."""
+    if not any(frag in m for m in messages for frag in _ARRAY_TYPE_ERRORS):
+        return None
+    others = [f for f in ("torch", "jax", "numpy") if f != framework]
+    return (f"hint: the calls failed on the array type: the implementation was given "
+            f"{'NumPy arrays' if framework == 'numpy' else framework + ' arrays'} (framework "
+            f"'{framework}'); if it expects another kind, pass "
+            + " or ".join(f"--framework {f}" for f in others))
 
 
 def resolve(spec: str, backward: str | None = None, *, framework: Framework = "auto") -> Loaded:

@@ -39,6 +39,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"comma-separated probes (default: all): {', '.join(ALL_PROBES)}")
     parser.add_argument("--eps", type=float, default=None,
                         help="eps passed to every probe (default: the implementation's default)")
+    parser.add_argument("--eps-default", type=float, default=None, metavar="EPS",
+                        help="the eps the implementation uses when given none (default: what "
+                             "it declares, e.g. a module's variance_epsilon, else the "
+                             "convention's)")
+    parser.add_argument("--normalized-dims", choices=("any", "last"), default=None,
+                        help="'last' when it normalises the last dimension only (default: what "
+                             "it declares, else 'any')")
     parser.add_argument("--seed", type=int, default=0, help="seed of the probe inputs")
     parser.add_argument("--framework", default="auto", choices=("auto", "numpy", "torch", "jax"),
                         help="adapter to use (default: decided from the object)")
@@ -50,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rmsref._progress import Output
-    from rmsref.adapters.generic import resolve
+    from rmsref.adapters.generic import framework_hint, resolve
     from rmsref.validate import ALL_PROBES, validate
 
     out = Output()
@@ -74,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
         return validate(loaded.forward, loaded.backward, convention=args.convention,
                         dtypes=dtypes, probes=probes, eps=args.eps, seed=args.seed,
                         form="deterministic" if args.deterministic else "probabilistic",
-                        name=loaded.name, progress=progress)
+                        name=loaded.name, progress=progress, eps_default=args.eps_default,
+                        normalized_dims=args.normalized_dims)
 
     if args.no_progress:
         report = run_validation(None)
@@ -87,6 +95,9 @@ def run(args: argparse.Namespace) -> int:
             report = run_validation(progress)
     print(report.table())
     print(_legend(report))
+    hint = framework_hint([c.message for c in report.failures], loaded.framework)
+    if hint:
+        print(hint)
     if not report and ("bfloat16" in dtypes or "float16" in dtypes):
         _print_closest(loaded.forward, args.eps)
     if loaded.backward is None:
@@ -108,6 +119,8 @@ def _print_closest(forward, eps: float | None) -> None:
         return
     best = ", ".join(f"{m.name} {m.rate:.1%}" for m in ranking[:3])
     print(f"closest conventions (bit-exact share of half-precision outputs): {best}")
+    per_case = ", ".join(f"{case} {rate:.1%}" for case, rate in ranking[0].rates.items())
+    print(f"  {ranking[0].name} per input/weight dtype: {per_case}")
 
 
 #: The rmsref extra that installs a missing top-level module.
@@ -144,5 +157,7 @@ def _legend(report) -> str:
         f"         Reported, not a failure: {len(warn)} rows, {n_warn} checks.",
         f"  FAIL   a check beyond its bound: {len(fail)} rows, {n_fail} checks; the",
         "         diagnosis lines above say why.",
+        "  n/a    the probe does not apply to what the implementation declares",
+        "         (its eps, the dims it normalises): the notes say why.",
         "  ulp(y) the worst error of y in units in the last place of the output dtype.",
     ])
