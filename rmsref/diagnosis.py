@@ -563,7 +563,7 @@ def predict(h: Hypothesis, obs: Observation) -> Prediction | None:
         else:
             pred = _predict_backward(h, obs, model, fam, grp, xhat, rstd, W, w_eff)
     if pred is not None:
-        pred.bound = pred.bound * (np.max(cond, axis=0, keepdims=True)
+        pred.bound = pred.bound * (np.max(cond, axis=0, keepdims=True, initial=1.0)
                                    if obs.quantity == "dweight" and np.ndim(cond) else cond)
     return pred
 
@@ -586,7 +586,14 @@ def _predict_y(h, obs, model, xhat, rstd, W, dt) -> Prediction:
     if h.precision is not None:
         model = replace(model, acc_dtype=dt)
     model = replace(model, k_out=model.k_out + k_extra)
-    return Prediction(exact, tol.bound_y(exact, model), emulated)
+    bound = tol.bound_y(exact, model)
+    if h.centre_num:
+        # x − μ is formed with an absolute error of about u·|x| + γ(N)·mean|x| (μ is a sum
+        # of N terms), which is no small relative error where x is close to its row's mean
+        scale = np.mean(np.abs(obs.x2), axis=1, keepdims=True)
+        bound = bound + (2.0 * model.u_acc * np.abs(obs.x2) + model.gamma(obs.n) * scale) \
+            * rstd * np.abs(W)
+    return Prediction(exact, bound, emulated)
 
 
 def _predict_backward(h, obs, model, fam, grp, xhat, rstd, W, w_eff) -> Prediction | None:

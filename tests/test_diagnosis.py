@@ -123,3 +123,19 @@ def test_codes_are_documented():
     rows = {line.split("|")[1].strip().strip("`") for line in text.splitlines()
             if line.startswith("| `")}
     assert rows == set(diagnosis.CODES)
+
+
+def test_an_empty_batch_with_a_centred_statistic_is_diagnosed():
+    """The empty probe's dweight (zero rows) goes through the engine like any case."""
+    def layer_norm_like(x, shape, w=None, eps=None):
+        x32 = x.astype(np.float32)
+        xc = x32 - np.mean(x32, axis=-1, keepdims=True)
+        y = xc / np.sqrt(np.mean(xc * xc, axis=-1, keepdims=True) + np.float32(2.0**-23))
+        return (y * w.astype(np.float32)).astype(x.dtype)
+
+    def backward(dy, x, shape, w=None, eps=None):
+        return np.zeros_like(x), np.zeros_like(w)
+
+    rep = validate(layer_norm_like, backward, dtypes=["float32"],
+                   probes=["gaussian", "empty"], repeat=False)
+    assert "centred_statistic" in [d.code for d in rep.diagnoses], "\n".join(rep.lines())
