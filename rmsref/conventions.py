@@ -34,10 +34,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
+from rmsref import tolerance as tol
 from rmsref._declared import declared_by
 from rmsref._shapes import (
     as_array,
@@ -212,7 +213,16 @@ def _paper(x, w, eps, rstd, offset, partial=None):
 
 @dataclass(frozen=True)
 class Convention:
-    """One system's RMSNorm: who uses it, its formula, eps default, output dtype, and its rule."""
+    """One system's RMSNorm: who uses it, its formula, eps default, output dtype, its rule, and
+    its error model.
+
+    The error model is what :mod:`rmsref.tolerance` needs to bound a correct implementation of
+    the convention: ``k_out``, the roundings to the output dtype (1: one rounding at the end; 2:
+    x̂ rounded before the weight; 3: every step in the input dtype), and ``accumulation``, the
+    dtype the sums run in ("opmath": float32 for half inputs; "input": the input's own dtype).
+    ``order_rival`` is the convention whose rounding order a half-precision output is told
+    apart from (the ``order`` check of :func:`rmsref.validate`), None when there is none.
+    """
 
     name: str
     who: str
@@ -223,6 +233,16 @@ class Convention:
     rule: Callable[..., np.ndarray]
     default_eps: Callable[[np.dtype], float]
     default_offset: float = 0.0
+    k_out: int = 1
+    accumulation: Literal["opmath", "input"] = "opmath"
+    order_rival: str | None = None
+
+    def error_model(self, dtype, n: int, rows: int = 1, form: tol.Form = "probabilistic"
+                    ) -> tol.ErrorModel:
+        """The tolerance model of a correct implementation of this convention."""
+        dt = np.dtype(dtype)
+        acc = tol.accumulation_dtype(dt) if self.accumulation == "opmath" else dt
+        return tol.ErrorModel(dt, int(n), max(int(rows), 1), acc, self.k_out, form=form)
 
 
 def _opmath_eps(dt: np.dtype) -> float:
@@ -239,29 +259,29 @@ CONVENTIONS: dict[str, Convention] = {
             "input dtype, whatever the weight dtype",
             "PyTorch 2.4's composite rounded x̂ before the weight (llama order); eps=None used "
             "finfo(input dtype).eps until PR #142848 (Jan 2025).",
-            _torch, _opmath_eps),
+            _torch, _opmath_eps, order_rival="llama"),
         Convention(
             "llama", "HF Llama/Mistral/Qwen/DeepSeek, Apex FusedRMSNorm, Liger 'llama'",
             "y = w · R_in(f32(x)·rstd)   (two roundings when w is half)",
             "1e-6 (HF config rms_norm_eps)", "torch promotion of (weight, input)",
             "The product w·h is rounded to the promoted dtype: a second rounding.",
-            _llama, lambda dt: 1e-6),
+            _llama, lambda dt: 1e-6, k_out=2, order_rival="torch"),
         Convention(
             "gemma", "HF Gemma 1-3, Qwen3-Next, Liger 'gemma'",
             "y = R_in((f32(x)·rstd)·(1 + f32(w)))", "1e-6", "input dtype",
             "Weights are stored as w = scale − 1; the 1 is added in fp32.",
-            _gemma, lambda dt: 1e-6, 1.0),
+            _gemma, lambda dt: 1e-6, 1.0, order_rival="gemma_wdtype"),
         Convention(
             "gemma_wdtype", "vLLM bf16 kernels, Transformer Engine zero-centred-gamma option",
             "y = R_in(f32(x)·rstd·f32(R_w(1 + w)))", "1e-6", "input dtype",
             "1 + w is rounded to the weight dtype first (loses w's low bits in bf16).",
-            _gemma_wdtype, lambda dt: 1e-6, 1.0),
+            _gemma_wdtype, lambda dt: 1e-6, 1.0, k_out=2, order_rival="gemma"),
         Convention(
             "t5", "HF T5 family, Apex manual_rms_norm",
             "h = f32(x)·rstd; if w is half: h = R_w(h); y = w·h", "1e-6",
             "weight dtype when half, else float32",
             "Casts to the *weight's* dtype, not the input's.",
-            _t5, lambda dt: 1e-6),
+            _t5, lambda dt: 1e-6, k_out=2),
         Convention(
             "native", "Haiku RMSNorm, Liger casting mode 'none'",
             "everything rounded to the input dtype t: ms = R_t(Σ R_t(x²)/N), "
@@ -269,7 +289,7 @@ CONVENTIONS: dict[str, Convention] = {
             "1e-5 (Haiku)", "input dtype",
             "Our choice for the sum: squares rounded to t, summed in fp32 (XLA and Triton reduce "
             "half types in fp32).",
-            _native, lambda dt: 1e-5),
+            _native, lambda dt: 1e-5, k_out=3, accumulation="input"),
         Convention(
             "flax", "Flax linen/nnx RMSNorm",
             "y = R_out(f32(x)·R(rstd·scale)),  out = result_type(x, scale)", "1e-6",
@@ -280,7 +300,7 @@ CONVENTIONS: dict[str, Convention] = {
             "fused_fp32", "Transformer Engine, flash-attn, quack (rsqrt)",
             "y = R_out(f32(x)·rsqrt(ms + eps)·f32(w))", "1e-5 (TE) / model config",
             "input dtype", "One rounding; same epilogue as torch.",
-            _torch, lambda dt: 1e-5),
+            _torch, lambda dt: 1e-5, order_rival="llama"),
         Convention(
             "fused_fp32_div", "flash-attn and llm.c CPU reference paths (1/sqrt)",
             "y = R_out(f32(x)·R(1/R(sqrt(ms + eps)))·f32(w))", "1e-5", "input dtype",

@@ -57,7 +57,7 @@ def assert_rms_norm_close(
     """
     from rmsref import diagnosis
     from rmsref.rmsnorm import rms_norm_backward, rms_norm_forward
-    from rmsref.validate import _MODEL, CaseResult, _measure, _rows2
+    from rmsref.validate import CaseResult, _measure, _rows2
 
     if quantity not in ("y", "dx", "dweight"):
         raise ValueError(f"quantity must be 'y', 'dx' or 'dweight', got {quantity!r}")
@@ -70,9 +70,7 @@ def assert_rms_norm_close(
     n = int(np.prod(shape))
     rows = int(np.prod(xa.shape[: xa.ndim - len(shape)]))
     dt = xa.dtype
-    k_out, acc_rule = _MODEL.get(convention, (1, "opmath"))
-    acc = tol.accumulation_dtype(dt) if acc_rule == "opmath" else dt
-    model = tol.ErrorModel(dt, n, max(rows, 1), acc, k_out, form=form)
+    model = conv.error_model(dt, n, rows, form)
     eps_val = conv.default_eps(dt) if eps is None else float(eps)
     offset = conv.default_offset
     x64 = xa.astype(np.float64)

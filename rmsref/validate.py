@@ -51,23 +51,6 @@ Forward = Callable[..., Any]
 Backward = Callable[..., Any]
 Progress = Callable[[int, int, str], None]
 
-#: Per convention: output roundings (k_out) and the accumulation dtype rule ("opmath" or "input").
-_MODEL = {
-    "torch": (1, "opmath"),
-    "fused_fp32": (1, "opmath"),
-    "fused_fp32_div": (1, "opmath"),
-    "gemma": (1, "opmath"),
-    "gemma_wdtype": (2, "opmath"),   # R_w(1 + w) is a second rounding of the scale
-    "llama": (2, "opmath"),
-    "t5": (2, "opmath"),
-    "flax": (1, "opmath"),
-    "native": (3, "input"),          # ms, rstd, x·rstd and ·w all rounded to the input dtype
-}
-
-#: Which emulated rounding order each convention's half-type output must match best.
-_ORDER_RIVALS = {"torch": "llama", "fused_fp32": "llama", "llama": "torch", "gemma": "gemma_wdtype",
-                 "gemma_wdtype": "gemma"}
-
 ALL_PROBES = (
     "gaussian", "offset", "huge", "tiny", "overflow", "underflow", "zero_rows", "n1", "tails",
     "boundaries", "cancel", "nan_inf", "noncontig", "empty", "multidim", "no_weight", "square",
@@ -510,7 +493,6 @@ def validate(
         raise ValueError("validate checks RMSNorm with eps inside the square root; the 'paper' "
                          "convention (x / (rms + eps)) is a different function: compare it with "
                          "rmsref.conventions.emulate('paper', ...) instead")
-    k_out, acc_rule = _MODEL.get(convention, (1, "opmath"))
     probe_list = list(ALL_PROBES) if probes == "all" else list(
         [probes] if isinstance(probes, str) else probes)
     for p in probe_list:
@@ -541,12 +523,12 @@ def validate(
                     continue
                 if not declared.has_weight:
                     c.weight = None
-                _check_case(c, dname, dt, forward, backward, conv, k_out, acc_rule, offset,
+                _check_case(c, dname, dt, forward, backward, conv, offset,
                             form, cases, diag, rms_norm_forward, rms_norm_backward)
             done += 1
             if progress is not None:
                 progress(done, total, f"{probe}/{dname}")
-        if convention in _ORDER_RIVALS and dt in (FLOAT_DTYPES["float16"],
+        if conv.order_rival and dt in (FLOAT_DTYPES["float16"],
                                                   FLOAT_DTYPES["bfloat16"]):
             _check_order(forward, convention, dname, dt, seed, cases, diag, declared)
         if repeat:
@@ -606,7 +588,7 @@ def _label(fn: Callable) -> str:
     return getattr(fn, "__name__", None) or type(fn).__name__
 
 
-def _check_case(c: _Case, dname, dt, forward, backward, conv, k_out, acc_rule, offset, form,
+def _check_case(c: _Case, dname, dt, forward, backward, conv, offset, form,
                 cases, diag, rms_norm_forward, rms_norm_backward) -> None:
     shape = c.shape
     n = int(np.prod(shape))
@@ -616,8 +598,7 @@ def _check_case(c: _Case, dname, dt, forward, backward, conv, k_out, acc_rule, o
     w64 = None if c.weight is None else c.weight.astype(np.float64)
     g64 = c.dy.astype(np.float64)
     rows = int(np.prod(c.x.shape[: c.x.ndim - len(shape)]))
-    acc = tol.accumulation_dtype(dt) if acc_rule == "opmath" else dt
-    model = tol.ErrorModel(dt, n, max(rows, 1), acc, k_out, form=form)
+    model = conv.error_model(dt, n, rows, form)
     advisory = c.probe in ADVISORY
     mask = None
     if c.skip_rows:
@@ -754,7 +735,7 @@ def _match(y2: np.ndarray, ye: np.ndarray, n: int) -> float:
 def _check_order(forward, convention, dname, dt, seed, cases, diag,
                  declared: Declared = NOTHING_DECLARED) -> None:
     """On half types, the rounding order must be the convention's (bit-exact majority)."""
-    rival = _ORDER_RIVALS[convention]
+    rival = conv_mod.get(convention).order_rival
     rng = np.random.default_rng([seed, 99])
     n = 768
     x = _cast(2.0 * rng.standard_normal((32, n)), dt)

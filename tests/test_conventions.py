@@ -241,3 +241,16 @@ def test_fused_add_is_bit_exact_vs_torch(rng):
     y, nr = C.emulate_add("torch", x, res, w, eps, rounding="fp32-sum", rstd=r32.numpy())
     assert same_bits(to_numpy(y32.to(torch.bfloat16)), y)
     assert same_bits(to_numpy(h32.to(torch.bfloat16)), nr)
+
+
+def test_each_convention_owns_its_error_model():
+    """The tolerance model comes from the convention record; rivals are conventions too."""
+    from rmsref import conventions as C
+
+    for conv in C.CONVENTIONS.values():
+        model = conv.error_model(np.float16, 768, 4)
+        assert model.k_out == conv.k_out >= 1 and model.n == 768 and model.rows == 4
+        assert conv.order_rival is None or conv.order_rival in C.CONVENTIONS
+    assert C.get("llama").k_out == 2 and C.get("torch").k_out == 1
+    assert C.get("native").error_model(np.float16, 8).acc_dtype == np.float16
+    assert C.get("torch").error_model(np.float16, 8).acc_dtype == np.float32
