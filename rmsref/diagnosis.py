@@ -148,8 +148,8 @@ class Evidence:
 
     def brief(self) -> str:
         where = ", ".join(self.cases[:4]) + (" ..." if len(self.cases) > 4 else "")
-        bits = [f"ratio {_fmt(self.ratio_before)}" + (
-            f" -> {_fmt(self.ratio_after)}" if self.ratio_after is not None else "")]
+        bits = [f"ratio {format_ratio(self.ratio_before)}" + (
+            f" -> {format_ratio(self.ratio_after)}" if self.ratio_after is not None else "")]
         if self.match_rate is not None:
             bits.append(f"bit-exact {self.match_rate:.1%}")
         bits += [f"{k}={_fmt_param(v) if k == 'eps' else _fmt_num(v)}"
@@ -196,14 +196,15 @@ def _format(template: str, fields: dict[str, Any]) -> str:
     return template.format_map(Missing({k: _fmt_num(v) for k, v in fields.items()}))
 
 
-def _fmt(v: float | None) -> str:
+def format_ratio(v: float | None) -> str:
+    """A ratio or error figure in at most 8 characters ("-" for none, "inf", "nan")."""
     if v is None:
         return "-"
     if not math.isfinite(v):
         return "inf" if v > 0 else "nan"
     if v == 0:
         return "0"
-    return f"{v:.3g}" if 1e-3 <= abs(v) < 1e4 else f"{v:.2e}"
+    return f"{v:.3g}" if 1e-3 <= abs(v) < 1e4 else f"{v:.1e}"
 
 
 def _fmt_num(v: Any) -> str:
@@ -1130,7 +1131,7 @@ def _fields(h: Hypothesis, obs: Sequence[Observation], ev: Evidence) -> dict[str
                       "stored as scale − 1; else multiply by w itself" if h.offset > 0 else
                       "add the 1 to the weight (the convention stores w = scale − 1)")
     if h.as_float32:
-        fields["ratio32"] = _fmt(ev.ratio_after)
+        fields["ratio32"] = format_ratio(ev.ratio_after)
     if h.projection != 1.0:
         fields.update(scale_fit=h.projection if isinstance(h.projection, str) else
                       f"{float(h.projection):.4g}",

@@ -46,6 +46,7 @@ from rmsref._declared import NOTHING_DECLARED, Declared, NormalizedDims, declare
 from rmsref._shapes import FLOAT_DTYPES
 from rmsref._shapes import to_numpy as _as_numpy
 from rmsref.diagnosis import Diagnosis
+from rmsref.diagnosis import format_ratio as _fmt
 
 Forward = Callable[..., Any]
 Backward = Callable[..., Any]
@@ -321,16 +322,6 @@ def _row_status(results) -> str:
         return "WARN"
     raised = next((c.message for c in results if not c.ok and " raised " in c.message), "")
     return f"FAIL — {raised}" if raised else "FAIL"
-
-
-def _fmt(v: float) -> str:
-    if v is None:
-        return "-"
-    if not math.isfinite(v):
-        return "inf" if v > 0 else "nan"
-    if v == 0:
-        return "0"
-    return f"{v:.3g}" if 1e-3 <= abs(v) < 1e4 else f"{v:.1e}"
 
 
 # ------------------------------------------------------------------------------------------------
