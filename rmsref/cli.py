@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 #: Subcommand modules, in the order ``rmsref --help`` lists them.
-COMMANDS = ("check", "validate", "conventions", "derive", "bench")
+COMMANDS = ("check", "validate", "conventions", "derive")
 
 
 def _load(name: str):

@@ -31,15 +31,15 @@ def test_rounded_sum_normalises_the_rounded_sum(rng):
     assert np.any(y32 != y), "the two meanings should differ somewhere on bf16 inputs"
 
 
-@pytest.mark.parametrize("rounding", ["fp32-sum", "rounded-sum"])
-def test_backward_is_rmsnorm_backward_of_the_sum_plus_residual_grad(rng, rounding):
+def test_backward_is_rmsnorm_backward_of_the_sum_plus_residual_grad(rng):
+    """float64: the sum is exact, so the two meanings of the rounding coincide (below)."""
     x, r = rng.standard_normal((3, 16)), rng.standard_normal((3, 16))
     w, dy, dres = (
         rng.standard_normal(16),
         rng.standard_normal((3, 16)),
         rng.standard_normal((3, 16)),
     )
-    g = rmsref.add_rms_norm_backward(dy, dres, x, r, 16, w, 1e-5, rounding=rounding)
+    g = rmsref.add_rms_norm_backward(dy, dres, x, r, 16, w, 1e-5, rounding="fp32-sum")
     ref = rmsref.rms_norm_backward(dy, x + r, 16, w, 1e-5)
     np.testing.assert_allclose(g.dx, ref.dx + dres, rtol=1e-14)
     np.testing.assert_array_equal(g.dx, g.dresidual)
@@ -47,6 +47,29 @@ def test_backward_is_rmsnorm_backward_of_the_sum_plus_residual_grad(rng, roundin
     _, _, rstd = rmsref.add_rms_norm_forward(x, r, 16, w, 1e-5)
     g2 = rmsref.add_rms_norm_backward(dy, None, x, r, 16, w, 1e-5, rstd=rstd)
     np.testing.assert_allclose(g2.dx, ref.dx, rtol=1e-13)
+
+
+@pytest.mark.parametrize("rounding", ["fp32-sum", "rounded-sum"])
+def test_backward_differentiates_at_the_sum_its_rounding_normalises(rng, rounding):
+    """bfloat16: rounded-sum normalises h = R(x + r), fp32-sum the exact sum; the backward is
+    RMSNorm's backward at that h plus the residual's gradient, rounded once."""
+    def bf(a):
+        return round_to(np.asarray(a, np.float64), bfloat16)
+
+    x, r = bf(3 * rng.standard_normal((3, 16))), bf(7 * rng.standard_normal((3, 16)))
+    w, dy, dres = (bf(1 + 0.3 * rng.standard_normal(16)), bf(rng.standard_normal((3, 16))),
+                   bf(rng.standard_normal((3, 16))))
+    f64 = np.float64
+    g = rmsref.add_rms_norm_backward(dy, dres, x, r, 16, w, 1e-5, rounding=rounding)
+    h = x.astype(f64) + r.astype(f64)
+    if rounding == "rounded-sum":
+        h = bf(h).astype(f64)
+    ref = rmsref.rms_norm_backward(dy.astype(f64), h, 16, w.astype(f64), 1e-5)
+    np.testing.assert_array_equal(g.dx, bf(ref.dx + dres.astype(f64)))
+    np.testing.assert_array_equal(g.dweight, bf(ref.dweight))
+    other = "rounded-sum" if rounding == "fp32-sum" else "fp32-sum"
+    g_other = rmsref.add_rms_norm_backward(dy, dres, x, r, 16, w, 1e-5, rounding=other)
+    assert np.any(g.dx.astype(f64) != g_other.dx.astype(f64)), "the meanings should differ"
 
 
 def test_residual_shape_is_checked():

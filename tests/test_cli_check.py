@@ -199,7 +199,7 @@ def test_numba_cpu_backend_quick(capsys):
     status, text = run_cli(capsys, "--quick", "--plain", "--backend", "numba_cpu",
                            "--only", "numba_cpu")
     assert status == 0, text
-    assert "bitwise thread count" in text or "bitwise batch size" in text
+    assert "bitwise thread count" in text and "bitwise batch size" in text
 
 
 def test_json_stays_strict_when_a_ratio_is_infinite(capsys, monkeypatch, tmp_path):

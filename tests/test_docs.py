@@ -50,7 +50,8 @@ def test_page_code_runs(page):
     with open(page, encoding="utf-8") as f:
         blocks = rmsref_docs.python_blocks(f.read())
     outputs = rmsref_docs.run_page(blocks, _rel(page))
-    assert len(outputs) == len(blocks)
+    ran = [b for b, out in zip(blocks, outputs, strict=True) if out is not None]
+    assert ran, f"{_rel(page)}: every code block was skipped"
 
 
 def test_pages_are_found_and_the_centrepiece_has_code():

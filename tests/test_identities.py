@@ -9,6 +9,7 @@ depend on what it broke -- no more (the others still pass), no fewer.
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 import types
@@ -158,8 +159,12 @@ def test_registry_has_the_fourteen_identities_with_their_metadata():
         assert ident.statement and ident.latex and ident.source and ident.title
         assert ident.kind in ("float64", "statistical", "exact")
         assert ident.uses, name
-        # every bound is derived in the check function's docstring
-        assert "ound" in ident.derivation, f"{name}: no derivation of its bound"
+        # every bound is derived in the check function's docstring: it names the bound and
+        # what it is made of (rounding terms γ(k), an exact 0, or a confidence interval)
+        d = ident.derivation
+        assert re.search(r"\bbounds?\b", d, re.IGNORECASE), f"{name}: no bound in {d!r}"
+        made_of = {"float64": r"γ\(", "exact": r"\bbound 0\b", "statistical": r"confidence"}
+        assert re.search(made_of[ident.kind], d, re.IGNORECASE), f"{name}: not derived: {d!r}"
 
 
 def test_every_identity_holds_on_the_oracle(oracle_results):

@@ -21,9 +21,10 @@ F64 = np.float64
 
 def test_literature_numbers():
     x = np.array([1.0, 2.0, 3.0, 4.0])
-    rms = math.sqrt(np.mean(x * x))
-    assert rms == pytest.approx(2.7386128, abs=1e-7)
-    assert rms**2 == pytest.approx(7.5) and np.var(x) + np.mean(x) ** 2 == pytest.approx(7.5)
+    _, rstd = rmsref.rms_norm_forward(x, 4, eps=0.0)               # the oracle's statistic
+    assert 1.0 / float(rstd[0]) == pytest.approx(2.7386128, abs=1e-7)   # RMS = sqrt(7.5)
+    _, mean, rstd_ln = rmsref.layer_norm_forward(x, 4, eps=0.0)    # RMS² = σ² + μ² = 1.25 + 6.25
+    assert float(1.0 / rstd_ln[0] ** 2 + mean[0] ** 2) == pytest.approx(1.0 / float(rstd[0]) ** 2)
     np.testing.assert_allclose(
         rmsref.rms_norm(x, 4, eps=1e-5), [0.3651, 0.7303, 1.0954, 1.4606], atol=5e-5
     )
