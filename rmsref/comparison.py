@@ -1,0 +1,172 @@
+"""Compare a result with the oracle within the tolerance model's bound: the one place that does it.
+
+Every verdict in rmsref (``validate``, ``assert_rms_norm_close``, ``rmsref check``) is this
+comparison: the oracle computed in float64 on *the implementation's own* (already rounded)
+inputs, the per-element bound of :mod:`rmsref.tolerance` for the quantity, and the worst
+error/bound ratio::
+
+    ref = Reference(x, normalized_shape, weight, eps, dy=dy)     # the oracle, computed lazily
+    model = conventions.get("torch").error_model(x.dtype, ref.n, ref.rows)
+    c = compare("dx", dx, ref, model)                            # c.ratio <= 1: within the bound
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Literal
+
+import numpy as np
+
+from rmsref import tolerance as tol
+
+Quantity = Literal["y", "dx", "dweight"]
+
+
+@dataclass
+class Reference:
+    """The oracle's y, rstd, x̂, dx and dweight (float64 rows) on the given inputs, each computed
+    when first asked for.
+
+    ``eps`` is the value the oracle uses (already resolved from the convention's default);
+    ``offset`` is added to the weight (1 for the Gemma-style 1 + w).
+    """
+
+    x: np.ndarray
+    normalized_shape: tuple[int, ...]
+    weight: np.ndarray | None
+    eps: float
+    dy: np.ndarray | None = None
+    offset: float = 0.0
+    _cache: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def n(self) -> int:
+        return int(np.prod(self.normalized_shape))
+
+    @property
+    def rows(self) -> int:
+        return int(np.prod(np.shape(self.x)[: np.ndim(self.x) - len(self.normalized_shape)]))
+
+    def as_rows(self, a: Any) -> np.ndarray:
+        """Any array of x's shape as float64 rows (rows, N)."""
+        return np.asarray(a, dtype=np.float64).reshape(-1, self.n)
+
+    @cached_property
+    def _forward(self) -> tuple[np.ndarray, np.ndarray]:
+        from rmsref.rmsnorm import rms_norm_forward
+
+        y, rstd = rms_norm_forward(self._x64, self.normalized_shape, self._w64, self.eps,
+                                   offset=self.offset, out_dtype=np.float64)
+        return self.as_rows(y), np.asarray(rstd, np.float64).reshape(-1, 1)
+
+    @cached_property
+    def _backward(self):
+        from rmsref.rmsnorm import rms_norm_backward
+
+        if self.dy is None:
+            raise ValueError("the reference of a gradient needs the dy the backward was given")
+        return rms_norm_backward(np.asarray(self.dy, np.float64), self._x64, self.normalized_shape,
+                                 self._w64, self.eps, offset=self.offset)
+
+    @cached_property
+    def _x64(self) -> np.ndarray:
+        return np.asarray(self.x).astype(np.float64)
+
+    @cached_property
+    def _w64(self) -> np.ndarray | None:
+        return None if self.weight is None else np.asarray(self.weight).astype(np.float64)
+
+    @property
+    def y(self) -> np.ndarray:
+        """(rows, N) exact y."""
+        return self._forward[0]
+
+    @property
+    def rstd(self) -> np.ndarray:
+        """(rows, 1) exact rstd."""
+        return self._forward[1]
+
+    @cached_property
+    def xhat(self) -> np.ndarray:
+        """(rows, N) exact x̂ = x·rstd."""
+        with np.errstate(invalid="ignore"):
+            return self.as_rows(self._x64) * self.rstd
+
+    @cached_property
+    def w_eff(self) -> np.ndarray:
+        """(N,) the scale the weight stands for: offset + w (ones when there is no weight)."""
+        w = np.ones(self.n) if self._w64 is None else self._w64.reshape(self.n)
+        return w + self.offset
+
+    @property
+    def dx(self) -> np.ndarray:
+        """(rows, N) exact dx."""
+        return self.as_rows(self._backward.dx)
+
+    @property
+    def dweight(self) -> np.ndarray:
+        """(1, N) exact dweight."""
+        return np.asarray(self._backward.dweight, np.float64).reshape(1, self.n)
+
+    def exact(self, quantity: Quantity) -> np.ndarray:
+        return {"y": lambda: self.y, "dx": lambda: self.dx, "dweight": lambda: self.dweight}[
+            quantity]()
+
+    def bound(self, quantity: Quantity, model: tol.ErrorModel) -> np.ndarray:
+        """The tolerance model's per-element bound for ``quantity`` (the shape of its rows)."""
+        if quantity == "y":
+            return tol.bound_y(self.y, model)
+        g2 = self.as_rows(self.dy)
+        if quantity == "dx":
+            return tol.bound_dx(self.dx, g2, self.xhat, self.rstd, self.w_eff, model)
+        return tol.bound_dweight(self.dweight.reshape(self.n), g2, self.xhat, model).reshape(
+            1, self.n)
+
+
+@dataclass
+class Comparison:
+    """How far a result is from the oracle, element by element, against the bound."""
+
+    quantity: str
+    ratio: float = 0.0                   # max over elements of |error| / bound (<= 1: passes)
+    worst: tuple[int, int] | None = None  # (row, column) of that element in the (rows, N) view
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    max_ulp: float = 0.0
+    ratios: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)), repr=False)
+    reference: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)), repr=False)
+    bound: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)), repr=False)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.ratio <= 1.0)
+
+
+def compare(quantity: Quantity, got: Any, ref: Reference, model: tol.ErrorModel, *,
+            mask_rows: np.ndarray | None = None) -> Comparison:
+    """``got`` (rows of the quantity, any shape with that many elements) against the oracle.
+
+    ``mask_rows`` (bool per row) leaves rows out (rows whose input holds NaN/Inf may be anything).
+    Errors are in float64: a NaN where the oracle has NaN is no error, a lone non-finite value is
+    an infinite one (never within a bound).
+    """
+    exact = ref.exact(quantity)
+    bound = ref.bound(quantity, model)
+    actual = np.asarray(got, dtype=np.float64).reshape(exact.shape)
+    err = tol.abs_error(actual, exact)
+    if mask_rows is not None:
+        err = np.where(mask_rows[:, None], err, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = np.where(err == 0, 0.0, err / bound)
+        rel = np.where(err == 0, 0.0, err / np.abs(exact))
+        ulps = np.where(err == 0, 0.0, err / tol.ulp(exact, model.out_dtype))
+    c = Comparison(quantity, ratios=ratios, reference=exact, bound=bound)
+    if ratios.size:
+        k = int(np.argmax(ratios))
+        c.ratio = float(ratios.flat[k])
+        c.worst = (int(k // ratios.shape[1]), int(k % ratios.shape[1]))
+        c.max_abs = float(np.max(err))
+        c.max_rel = float(np.max(np.where(np.isfinite(rel), rel, np.inf)))
+        c.max_ulp = float(np.max(ulps))
+    return c
