@@ -80,6 +80,8 @@ from typing import Any
 
 import numpy as np
 
+from rmsref import tolerance as tol
+
 __all__ = [
     "CONFIDENCE",
     "Identity",
@@ -96,16 +98,16 @@ __all__ = [
 ]
 
 #: float64 unit roundoff.
-U = 2.0**-53
+U = tol.unit_roundoff(np.float64)
 #: Confidence level of the statistical identities' intervals (two-sided). With a fixed seed the
 #: outcome is reproducible; over random seeds each statistical part fails with probability ~1e-4.
 CONFIDENCE = 0.9999
 
 
 def gamma(k: float) -> float:
-    """Higham's γ(k) = k·u/(1 − k·u) for float64: the relative error of k roundings."""
-    ku = k * U
-    return ku / (1.0 - ku)
+    """Higham's γ(k) = k·u/(1 − k·u) for float64: the relative error of k roundings
+    (:func:`rmsref.tolerance.gamma_k`, where the error model keeps it)."""
+    return tol.gamma_k(k, np.float64)
 
 
 def k_rstd(n: int) -> int:

@@ -121,6 +121,13 @@ def effective_length(n: int, reduction: Reduction = "sequential", block: int = 3
     raise ValueError(f"reduction must be 'sequential', 'blocked' or 'pairwise', got {reduction!r}")
 
 
+def gamma_k(k: float, dtype=np.float64) -> float:
+    """Higham's γ_k = k·u/(1 − k·u): the relative error of k roundings in ``dtype`` (inf once
+    k·u reaches 1/2, where the first-order bound stops meaning anything)."""
+    ku = float(k) * unit_roundoff(dtype)
+    return ku / (1.0 - ku) if ku < 0.5 else float("inf")
+
+
 def gamma_acc(
     n: int,
     acc_dtype=np.float32,
@@ -135,10 +142,10 @@ def gamma_acc(
     deterministic: m·u (first order of Higham's γ_m = m·u/(1 − m·u)); probabilistic: λ·√m·u,
     where m is :func:`effective_length`.
     """
-    u = unit_roundoff(acc_dtype)
     m = effective_length(n, reduction, block)
     if form == "deterministic":
-        return m * u / (1.0 - m * u) if m * u < 0.5 else float("inf")
+        return gamma_k(m, acc_dtype)
+    u = unit_roundoff(acc_dtype)
     if form == "probabilistic":
         return float(lam) * math.sqrt(m) * u
     raise ValueError(f"form must be 'probabilistic' or 'deterministic', got {form!r}")
