@@ -4,9 +4,9 @@
 dtype, computes the exact answer with the float64 oracle *on the implementation's own rounded
 inputs*, and compares element by element against the rounding-error bounds of
 :mod:`rmsref.tolerance`. A case passes when every element is within its bound (observed/bound
-ratio ≤ 1). When a case fails, the error's shape is matched against known mistakes (a missing
-projection term, 1/(N−1), eps outside the sqrt, double rounding, a wrong default eps, ...) and the
-report says which one explains it.
+ratio ≤ 1). When cases fail, :mod:`rmsref.diagnosis` fits known mistakes (a missing projection
+term, 1/(N−1), eps outside the sqrt, double rounding, a different eps, ...) and the report names
+the one that explains them, or says that none does.
 
 The implementation is a plain array callable with the signature of :func:`rmsref.rms_norm`::
 
@@ -16,16 +16,17 @@ The implementation is a plain array callable with the signature of :func:`rmsref
 NumPy arrays in and out, bfloat16 as ml_dtypes. ``rmsref.adapters.torch`` / ``jax`` turn framework
 functions and modules into such callables.
 
-Probes: ``gaussian``, ``offset`` (a large common offset: RMSNorm and LayerNorm part ways),
-``huge`` / ``tiny`` magnitudes (x² overflows or underflows the input dtype), ``overflow`` /
-``underflow`` (x² leaves the range of a float32 accumulator: advisory, since a float32 pipeline
-cannot pass), ``zero_rows``, ``n1`` (N = 1), ``tails`` (N not a multiple of 32/128/1024),
-``boundaries`` (one-hot entries at block boundaries), ``cancel`` (dy ∥ x̂/w: dx cancels),
-``nan_inf`` (one NaN and one Inf must stay in their rows), ``noncontig``, ``empty``, ``multidim``,
-``no_weight``, ``square`` (rows = N, where a dweight summed over the wrong axis has the right
-shape), ``eps_default``, ``eps_explicit``. Plus: the rounding order on half types, the
-determinism of two identical calls, and, when the implementation accepts float64, that its
-backward is the derivative of its own forward (directional central differences).
+Probes (:data:`PROBES`, each a small function registered with what it looks for): ``gaussian``,
+``offset`` (a large common offset: RMSNorm and LayerNorm part ways), ``huge`` / ``tiny``
+magnitudes (x² overflows or underflows the input dtype), ``overflow`` / ``underflow`` (x² leaves
+the range of a float32 accumulator: advisory, since a float32 pipeline cannot pass),
+``zero_rows``, ``n1`` (N = 1), ``tails`` (N not a multiple of 32/128/1024), ``boundaries``
+(one-hot entries at block boundaries), ``cancel`` (dy ∥ x̂/w: dx cancels), ``nan_inf`` (one NaN
+and one Inf must stay in their rows), ``noncontig``, ``empty``, ``multidim``, ``no_weight``,
+``square`` (rows = N, where a dweight summed over the wrong axis has the right shape),
+``eps_default``, ``eps_explicit``. Plus: the rounding order on half types, the determinism of
+two identical calls, and, when float64 is asked for, that the backward is the derivative of its
+own forward (directional central differences).
 """
 
 from __future__ import annotations
@@ -52,16 +53,6 @@ from rmsref.diagnosis import format_ratio as _fmt
 Forward = Callable[..., Any]
 Backward = Callable[..., Any]
 Progress = Callable[[int, int, str], None]
-
-ALL_PROBES = (
-    "gaussian", "offset", "huge", "tiny", "overflow", "underflow", "zero_rows", "n1", "tails",
-    "boundaries", "cancel", "nan_inf", "noncontig", "empty", "multidim", "no_weight", "square",
-    "eps_default", "eps_explicit",
-)
-#: Probes whose failure is reported but does not fail validation: no float32-accumulating
-#: implementation can pass them (x² leaves float32's range), and the oracle's answer is shown.
-ADVISORY = ("overflow", "underflow")
-
 
 # ------------------------------------------------------------------------------------------------
 # Probe inputs
@@ -93,94 +84,197 @@ def _cast(a: np.ndarray, dt: np.dtype) -> np.ndarray:
         return np.asarray(a, np.float64).astype(np.float32).astype(dt)
 
 
-def _make_cases(probe: str, dt: np.dtype, rng: np.random.Generator,
-                shapes: Sequence[tuple[int, ...]] | None, eps: float | None) -> list[_Case]:
-    fmax = 65504.0 if dt == np.float16 else 3.0e38
+@dataclass
+class _ProbeInputs:
+    """What a probe builds its cases from: the dtype, the probe's own random stream, the
+    shapes and eps asked for, and :meth:`case`, which rounds everything to the dtype."""
 
-    def case(x64, shape=None, w64="rand", e="keep", dy64=None, skip=()):
-        x = _cast(x64, dt)
+    probe: str
+    dt: np.dtype
+    rng: np.random.Generator
+    shapes: Sequence[tuple[int, ...]] | None
+    eps: float | None
+
+    @property
+    def fmax(self) -> float:
+        return 65504.0 if self.dt == np.float16 else 3.0e38
+
+    def g(self, shape) -> np.ndarray:
+        return self.rng.standard_normal(shape)
+
+    def case(self, x64, shape=None, w64="rand", e="keep", dy64=None, skip=()) -> _Case:
+        """A case from float64 values: ``w64="rand"`` draws a weight, ``e="keep"`` passes the
+        eps validate was given, ``dy64=None`` draws dy, ``skip`` names rows holding NaN/Inf."""
+        x = _cast(x64, self.dt)
         shape = (x.shape[-1],) if shape is None else shape
         if isinstance(w64, str):
-            w64 = 1.0 + 0.3 * rng.standard_normal(shape)
-        w = None if w64 is None else _cast(w64, dt)
+            w64 = 1.0 + 0.3 * self.g(shape)
+        w = None if w64 is None else _cast(w64, self.dt)
         if dy64 is None:
-            dy64 = rng.standard_normal(x.shape)
-        e_arg = eps if e == "keep" else e
-        return _Case(probe, x, w, tuple(shape), e_arg, _cast(dy64, dt), tuple(skip))
+            dy64 = self.g(x.shape)
+        e_arg = self.eps if e == "keep" else e
+        return _Case(self.probe, x, w, tuple(shape), e_arg, _cast(dy64, self.dt), tuple(skip))
 
-    g = rng.standard_normal
-    if probe == "gaussian":
-        return [case(2.0 * g(s), (s[-1],)) for s in (shapes or [(16, 768)])]
-    if probe == "offset":
-        return [case(30.0 + 0.05 * g((16, 512)))]
-    if probe == "huge":
-        # x² overflows float16 (|x| > 256); for 8-bit-exponent dtypes x² ~ 1e18 stays finite.
-        # (Not beyond 1e9: autograd's d rsqrt(ms) = -½·ms^(-3/2) then underflows float32 and
-        # the projection term of dx is lost; that range is the advisory `overflow` probe.)
-        scale = 2.0e3 if dt == np.float16 else 1.0e9
-        return [case(np.clip(scale * g((8, 256)), -fmax / 2, fmax / 2))]
-    if probe == "tiny":
-        # x² underflows float16 (|x| < 2^-12) / float32 (|x| < 1e-23); eps (default) dominates.
-        scale = 1.0e-3 if dt == np.float16 else 1.0e-21
-        return [case(scale * g((8, 256)))]
-    if probe == "overflow":
-        if dt == np.float16:
-            return []
-        return [case(1.0e20 * g((8, 256)))]
-    if probe == "underflow":
-        if dt == np.float16:
-            return []
-        return [case(1.0e-25 * g((8, 256)), e=0.0)]
-    if probe == "zero_rows":
-        x = 2.0 * g((8, 128))
-        x[[1, 6]] = 0.0
-        return [case(x)]
-    if probe == "n1":
-        return [case(2.0 * g((8, 1)))]
-    if probe == "tails":
-        return [case(2.0 * g((4, n))) for n in (33, 127, 129, 1025)]
-    if probe == "boundaries":
-        n = 1031
-        cols = (0, 31, 32, 127, 128, 1023, 1024, 1030)
-        x = 0.01 * g((len(cols), n))
-        for r, c in enumerate(cols):
-            x[r, c] = 10.0
-        return [case(x)]
-    if probe == "cancel":
-        # dy = x̂/w (+ tiny noise): dxhat = dy·w ∥ x̂, so dx = rstd·(dxhat − x̂·c) nearly cancels.
-        x = 2.0 * g((8, 512))
-        w = 1.0 + 0.3 * g(512)
-        xq, wq = _cast(x, dt).astype(np.float64), _cast(w, dt).astype(np.float64)
-        xhat = xq / np.sqrt(np.mean(xq * xq, axis=1, keepdims=True))
-        return [case(x, w64=w, dy64=xhat / wq + 1e-3 * g(x.shape))]
-    if probe == "nan_inf":
-        x = 2.0 * g((8, 256))
-        x[2, 5] = np.nan
-        x[5, 100] = np.inf
-        return [case(x, skip=(2, 5))]
-    if probe == "noncontig":
-        base = 2.0 * g((16, 1024))
-        c = case(base)
-        c.x = c.x[::2, ::2]                    # strided rows and columns
-        c.dy = c.dy[::2, ::2]
-        c.shape = (512,)
-        c.weight = _cast(1.0 + 0.3 * g(1024), dt)[::2]
-        return [c]
-    if probe == "empty":
-        return [case(np.zeros((0, 64)))]
-    if probe == "multidim":
-        return [case(2.0 * g((3, 5, 4, 16)), shape=(4, 16))]
-    if probe == "no_weight":
-        return [case(2.0 * g((8, 256)), w64=None)]
-    if probe == "square":
-        return [case(2.0 * g((64, 64)))]
-    if probe == "eps_default":
-        # activation scale 0.06: mean(x²) ≈ 0.0036, so 2^-7 (bf16 eps) instead of 2^-23 is a
-        # 1.8x error and 1e-6 instead of 2^-23 a 1e-4 relative one.
-        return [case(0.06 * g((8, 512)), e=None)]
-    if probe == "eps_explicit":
-        return [case(0.03 * g((8, 512)), e=1e-3 if eps is None else eps)]
-    raise ValueError(f"unknown probe {probe!r}; known: {', '.join(ALL_PROBES)}")
+
+@dataclass(frozen=True)
+class Probe:
+    """One probe: its name, what it looks for, how it builds its cases, and whether a failure
+    only warns (``advisory``: no float32-accumulating implementation can pass it)."""
+
+    name: str
+    what: str
+    make: Callable[[_ProbeInputs], list[_Case]]
+    advisory: bool = False
+
+
+#: The probes, in the order they run (the order also seeds each probe's inputs).
+PROBES: dict[str, Probe] = {}
+
+
+def _probe(name: str, what: str, advisory: bool = False):
+    def register(make: Callable[[_ProbeInputs], list[_Case]]):
+        PROBES[name] = Probe(name, what, make, advisory)
+        return make
+    return register
+
+
+@_probe("gaussian", "Gaussian rows (σ = 2) of the shapes asked for (default 16×768)")
+def _gaussian(p: _ProbeInputs) -> list[_Case]:
+    return [p.case(2.0 * p.g(s), (s[-1],)) for s in (p.shapes or [(16, 768)])]
+
+
+@_probe("offset", "a large common offset (30 ± 0.05): RMSNorm and LayerNorm part ways")
+def _offset(p: _ProbeInputs) -> list[_Case]:
+    return [p.case(30.0 + 0.05 * p.g((16, 512)))]
+
+
+@_probe("huge", "x² overflows the input dtype (float16) or reaches 1e18")
+def _huge(p: _ProbeInputs) -> list[_Case]:
+    # x² overflows float16 (|x| > 256); for 8-bit-exponent dtypes x² ~ 1e18 stays finite.
+    # (Not beyond 1e9: autograd's d rsqrt(ms) = -½·ms^(-3/2) then underflows float32 and
+    # the projection term of dx is lost; that range is the advisory `overflow` probe.)
+    scale = 2.0e3 if p.dt == np.float16 else 1.0e9
+    return [p.case(np.clip(scale * p.g((8, 256)), -p.fmax / 2, p.fmax / 2))]
+
+
+@_probe("tiny", "x² underflows the input dtype; eps (default) dominates")
+def _tiny(p: _ProbeInputs) -> list[_Case]:
+    # x² underflows float16 (|x| < 2^-12) / float32 (|x| < 1e-23); eps (default) dominates.
+    scale = 1.0e-3 if p.dt == np.float16 else 1.0e-21
+    return [p.case(scale * p.g((8, 256)))]
+
+
+@_probe("overflow", "x² beyond a float32 accumulator's range (advisory)", advisory=True)
+def _overflow(p: _ProbeInputs) -> list[_Case]:
+    return [] if p.dt == np.float16 else [p.case(1.0e20 * p.g((8, 256)))]
+
+
+@_probe("underflow", "x² below a float32 accumulator's range, eps = 0 (advisory)", advisory=True)
+def _underflow(p: _ProbeInputs) -> list[_Case]:
+    return [] if p.dt == np.float16 else [p.case(1.0e-25 * p.g((8, 256)), e=0.0)]
+
+
+@_probe("zero_rows", "rows of zeros among Gaussian rows")
+def _zero_rows(p: _ProbeInputs) -> list[_Case]:
+    x = 2.0 * p.g((8, 128))
+    x[[1, 6]] = 0.0
+    return [p.case(x)]
+
+
+@_probe("n1", "N = 1: x̂ = ±1 and dx cancels completely")
+def _n1(p: _ProbeInputs) -> list[_Case]:
+    return [p.case(2.0 * p.g((8, 1)))]
+
+
+@_probe("tails", "N not a multiple of 32, 128 or 1024 (33, 127, 129, 1025)")
+def _tails(p: _ProbeInputs) -> list[_Case]:
+    return [p.case(2.0 * p.g((4, n))) for n in (33, 127, 129, 1025)]
+
+
+@_probe("boundaries", "one large entry per row at block boundaries (0, 31, 32, 127, ... 1030)")
+def _boundaries(p: _ProbeInputs) -> list[_Case]:
+    n = 1031
+    cols = (0, 31, 32, 127, 128, 1023, 1024, 1030)
+    x = 0.01 * p.g((len(cols), n))
+    for r, c in enumerate(cols):
+        x[r, c] = 10.0
+    return [p.case(x)]
+
+
+@_probe("cancel", "dy ∥ x̂/w: the two terms of dx nearly cancel")
+def _cancel(p: _ProbeInputs) -> list[_Case]:
+    # dy = x̂/w (+ tiny noise): dxhat = dy·w ∥ x̂, so dx = rstd·(dxhat − x̂·c) nearly cancels.
+    x = 2.0 * p.g((8, 512))
+    w = 1.0 + 0.3 * p.g(512)
+    xq, wq = _cast(x, p.dt).astype(np.float64), _cast(w, p.dt).astype(np.float64)
+    xhat = xq / np.sqrt(np.mean(xq * xq, axis=1, keepdims=True))
+    return [p.case(x, w64=w, dy64=xhat / wq + 1e-3 * p.g(x.shape))]
+
+
+@_probe("nan_inf", "one NaN and one Inf, each must stay in its row")
+def _nan_inf(p: _ProbeInputs) -> list[_Case]:
+    x = 2.0 * p.g((8, 256))
+    x[2, 5] = np.nan
+    x[5, 100] = np.inf
+    return [p.case(x, skip=(2, 5))]
+
+
+@_probe("noncontig", "strided rows and columns (a view, not a copy)")
+def _noncontig(p: _ProbeInputs) -> list[_Case]:
+    base = 2.0 * p.g((16, 1024))
+    c = p.case(base)
+    c.x = c.x[::2, ::2]                    # strided rows and columns
+    c.dy = c.dy[::2, ::2]
+    c.shape = (512,)
+    c.weight = _cast(1.0 + 0.3 * p.g(1024), p.dt)[::2]
+    return [c]
+
+
+@_probe("empty", "no rows")
+def _empty(p: _ProbeInputs) -> list[_Case]:
+    return [p.case(np.zeros((0, 64)))]
+
+
+@_probe("multidim", "two normalised dims (normalized_shape (4, 16)) under two batch dims")
+def _multidim(p: _ProbeInputs) -> list[_Case]:
+    return [p.case(2.0 * p.g((3, 5, 4, 16)), shape=(4, 16))]
+
+
+@_probe("no_weight", "weight=None")
+def _no_weight(p: _ProbeInputs) -> list[_Case]:
+    return [p.case(2.0 * p.g((8, 256)), w64=None)]
+
+
+@_probe("square", "rows = N: a dweight summed over the wrong axis has the right shape")
+def _square(p: _ProbeInputs) -> list[_Case]:
+    return [p.case(2.0 * p.g((64, 64)))]
+
+
+@_probe("eps_default", "eps=None at activation scale 0.06, where the default eps shows")
+def _eps_default(p: _ProbeInputs) -> list[_Case]:
+    # activation scale 0.06: mean(x²) ≈ 0.0036, so 2^-7 (bf16 eps) instead of 2^-23 is a
+    # 1.8x error and 1e-6 instead of 2^-23 a 1e-4 relative one.
+    return [p.case(0.06 * p.g((8, 512)), e=None)]
+
+
+@_probe("eps_explicit", "an explicit eps (1e-3, or the one given) comparable to mean(x²)")
+def _eps_explicit(p: _ProbeInputs) -> list[_Case]:
+    return [p.case(0.03 * p.g((8, 512)), e=1e-3 if p.eps is None else p.eps)]
+
+
+ALL_PROBES = tuple(PROBES)
+#: Probes whose failure is reported but does not fail validation: no float32-accumulating
+#: implementation can pass them (x² leaves float32's range), and the oracle's answer is shown.
+ADVISORY = tuple(name for name, probe in PROBES.items() if probe.advisory)
+
+
+def _make_cases(probe: str, dt: np.dtype, rng: np.random.Generator,
+                shapes: Sequence[tuple[int, ...]] | None, eps: float | None) -> list[_Case]:
+    try:
+        spec = PROBES[probe]
+    except KeyError:
+        raise ValueError(f"unknown probe {probe!r}; known: {', '.join(ALL_PROBES)}") from None
+    return spec.make(_ProbeInputs(probe, dt, rng, shapes, eps))
 
 
 # ------------------------------------------------------------------------------------------------
