@@ -32,8 +32,8 @@ from rmsref._shapes import (
     ShapeLike,
     as_array,
     check_out,
-    check_rstd,
     check_same_shape,
+    check_stat,
     compute_dtype,
     into_out,
     param_row,
@@ -80,10 +80,17 @@ def _ln_stats_rows(xr: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray, 
     correction = np.mean(xc, axis=-1, keepdims=True)  # (M, 1)
     xc = xc - correction
     mu = mu + correction
+    # The variance needs the scale of the centred values, not of x: a constant row at 1e300 has
+    # xc = 0, and in x's scale eps (2^-2k·eps) underflows to 0, giving 0/0 for xhat.
+    kc = None
+    if k is not None:
+        kc = _sumsq.row_exponents(xc, eps, k)
+        kc = np.zeros_like(k) if kc is None else kc
+        xc = _sumsq.scale_rows(xc, kc - k)  # (M, N)  x − mu in units of 2^kc, exact
     var = _sumsq.sum_of_squares(xc) / xs.shape[-1]  # (M, 1)  eq. (3)
-    denom = np.sqrt(var + _sumsq.scale_eps(eps, k))  # (M, 1)
+    denom = np.sqrt(var + _sumsq.scale_eps(eps, kc))  # (M, 1)
     xhat = xc / denom  # (M, N)  eq. (5)
-    return xhat, _sumsq.unscale(mu, k, 1), _sumsq.unscale(1.0 / denom, k, -1)
+    return xhat, _sumsq.unscale(mu, k, 1), _sumsq.unscale(1.0 / denom, kc, -1)
 
 
 def _ln_dx_rows(dxhat: np.ndarray, xhat: np.ndarray, rstd: np.ndarray) -> np.ndarray:
@@ -185,8 +192,8 @@ def layer_norm_backward(
     param_row(bias_arr, "bias", shape, ctype)
     if (mean is None) != (rstd is None):
         raise ValueError("pass both mean and rstd (the forward's saved statistics), or neither")
-    saved_mean = check_rstd(mean, x, shape)
-    saved_rstd = check_rstd(rstd, x, shape)
+    saved_mean = check_stat(mean, x, shape, "mean")
+    saved_rstd = check_stat(rstd, x, shape, "rstd")
     dyrows = dy_arr.reshape(m, n)
     dx_dtype = result_dtype(x.dtype, ctype)
     out = check_out(out, x.shape, dx_dtype, {"dy": dy_arr, "x": x, "weight": weight_arr,

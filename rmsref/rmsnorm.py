@@ -50,9 +50,12 @@ from rmsref._shapes import (
     check_same_shape,
     compute_dtype,
     into_out,
+    param_as_row,
     param_row,
+    prepare,
     prepare_input,
     resolve_eps,
+    resolve_offset,
     resolve_out_dtype,
     resolve_partial,
     result_dtype,
@@ -164,8 +167,9 @@ class _ColumnSum:
         return self.total + self.err
 
 
-def _scale_offset(weight: np.ndarray | None, offset: float, n: int, ctype: np.dtype) -> np.ndarray:
+def _scale_offset(weight: np.ndarray | None, offset: Any, n: int, ctype: np.dtype) -> np.ndarray:
     """The weight as used, (1, N): offset + w, or ones when there is no weight."""
+    offset = resolve_offset(offset)
     if weight is None:
         return np.full((1, n), 1.0 + offset, ctype) if offset else np.ones((1, n), ctype)
     return weight + offset if offset else weight
@@ -275,22 +279,20 @@ def rms_norm_forward(
         ``1 / sqrt(ms + eps)`` per row, float64 (complex128 for complex ``x``), shape
         ``x.shape[:-k] + (1,) * k`` for ``k = len(normalized_shape)`` so that it broadcasts.
     """
-    x, shape, xrows = prepare_input(x, normalized_shape)
-    weight_arr = as_array(weight, "weight") if weight is not None else None
-    ctype = compute_dtype(x, weight_arr)
-    eps = resolve_eps(eps, x.dtype)
+    a = prepare(x, normalized_shape, weight=weight, bias=bias, eps=eps, offset=offset,
+                partial=partial)
+    x, shape, xrows, k_feat, m, n = a.x, a.shape, a.rows, a.k_feat, a.m, a.n
+    ctype = compute_dtype(x, a.weight)
     dtype = result_dtype(resolve_out_dtype(out_dtype, x), ctype)
-    m, n = xrows.shape
-    k_feat = resolve_partial(partial, n)
-    wt = _scale_offset(param_row(weight_arr, "weight", shape, ctype), offset, n, ctype)
-    b = param_row(bias, "bias", shape, ctype)
-    out = check_out(out, x.shape, dtype, {"x": x, "weight": weight_arr, "bias": bias})
+    wt = _scale_offset(param_as_row(a.weight, ctype), a.offset, n, ctype)
+    b = param_as_row(a.bias, ctype)
+    out = check_out(out, x.shape, dtype, {"x": x, "weight": a.weight, "bias": a.bias})
 
     y = rows_into(out, m, n, dtype)  # (M, N)
     rstd = np.empty((m, 1), ctype)
-    with np.errstate(all="ignore"):  # NaN/Inf and eps < 0 rows propagate as PyTorch's do
+    with np.errstate(all="ignore"):  # NaN/Inf rows propagate as PyTorch's do
         for rows in _sumsq.row_chunks(m, n):
-            xhat, rstd[rows] = _stats_rows(xrows[rows].astype(ctype), eps, k_feat)
+            xhat, rstd[rows] = _stats_rows(xrows[rows].astype(ctype), a.eps, k_feat)
             yr = xhat * wt  # (m, N)  eq. (4)
             if b is not None:
                 yr += b
@@ -337,18 +339,13 @@ def rms_norm_backward(
         ``dbias`` in the parameter's dtype, or None when that parameter is None. Gradients are
         returned, never accumulated.
     """
-    x, shape, xrows = prepare_input(x, normalized_shape)
-    dy_arr = as_array(dy, "dy")
-    check_same_shape(dy_arr, x, "dy")
-    weight_arr = as_array(weight, "weight") if weight is not None else None
-    bias_arr = as_array(bias, "bias") if bias is not None else None
+    a = prepare(x, normalized_shape, weight=weight, bias=bias, eps=eps, offset=offset,
+                partial=partial, others={"dy": dy}, stats={"rstd": rstd})
+    x, shape, xrows, k_feat, m, n, eps = a.x, a.shape, a.rows, a.k_feat, a.m, a.n, a.eps
+    dy_arr, weight_arr, bias_arr = a.others["dy"], a.weight, a.bias  # the bias enters no result
     ctype = compute_dtype(x, dy_arr, weight_arr)
-    eps = resolve_eps(eps, x.dtype)
-    m, n = xrows.shape
-    k_feat = resolve_partial(partial, n)
-    wt = _scale_offset(param_row(weight_arr, "weight", shape, ctype), offset, n, ctype)
-    param_row(bias_arr, "bias", shape, ctype)  # validated; the bias does not enter dx or dweight
-    saved = check_rstd(rstd, x, shape)
+    wt = _scale_offset(param_as_row(weight_arr, ctype), a.offset, n, ctype)
+    saved = a.stats["rstd"]
     dyrows = dy_arr.reshape(m, n)
     dx_dtype = result_dtype(x.dtype, ctype)
     out = check_out(out, x.shape, dx_dtype, {"dy": dy_arr, "x": x, "weight": weight_arr,
@@ -422,7 +419,7 @@ def rms_norm_backward_staged(
         std = np.sqrt(v)  # (M, 1)  node 4
         rstd_ = 1.0 / std  # (M, 1)  node 5, eq. (2)
         xhat = x * rstd_  # (M, N)  node 6, eq. (3)
-        wt = (np.ones((1, n), ctype) if w is None else w) + offset  # (1, N)  node 7
+        wt = (np.ones((1, n), ctype) if w is None else w) + resolve_offset(offset)  # (1, N)  node 7
         # node 8: y = xhat * wt + b
 
         # backward, nodes reversed

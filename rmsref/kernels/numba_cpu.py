@@ -123,12 +123,13 @@ from rmsref._shapes import (
     bfloat16,
     check_input,
     check_out,
-    check_rstd,
     check_same_shape,
+    check_stat,
     into_out,
     normalize_shape,
     reshape_view,
     resolve_eps,
+    resolve_offset,
     resolve_out_dtype,
     resolve_partial,
     stat_shape,
@@ -164,9 +165,14 @@ SS_HI = 2.0**1000
 #: +-SAFE_EXPONENT are never scaled.
 SAFE_EXPONENT = 450
 
-_PAR = {"parallel": True, "nogil": True, "cache": True}  # fastmath stays off (the default)
+#: fastmath stays off (the default). error_model="numpy": a division by zero gives inf/NaN as
+#: NumPy's does (an all-zero row with eps = 0 is NaN, as in the oracle), where Numba's default
+#: "python" model raises ZeroDivisionError inside a kernel (a SystemError for the caller).
+_PAR = {"parallel": True, "nogil": True, "cache": True, "error_model": "numpy"}
 #: Row helpers are inlined into the kernels at the Numba IR level (see the note above them).
-_INL = {"inline": "always", "nogil": True}
+_INL = {"inline": "always", "nogil": True, "error_model": "numpy"}
+#: Serial helpers that are not inlined (the rare paths, the column sum).
+_SER = {"nogil": True, "cache": True, "error_model": "numpy"}
 
 _HALF_VIEWS = {np.dtype(np.float16): F16_BITS, bfloat16: BF16_BITS}
 _FLOAT_DTYPES = (np.dtype(np.float16), bfloat16, np.dtype(np.float32), np.dtype(np.float64))
@@ -335,7 +341,7 @@ def _rstd_from_sumsq(ss, x3, b, i, kf, eps):
     return _rstd_scaled(ss, x3, b, i, kf, eps)
 
 
-@njit(nogil=True, cache=True)
+@njit(**_SER)
 def _rstd_scaled(ss, x3, b, i, kf, eps):
     """The rare path of ``_rstd_from_sumsq`` (not inlined: it would only bloat every kernel)."""
     amax = 0.0
@@ -351,6 +357,24 @@ def _rstd_scaled(ss, x3, b, i, kf, eps):
         v = math.ldexp(to_f64(x3[b, i, j]), -k)
         ss_s += v * v
     return 1.0 / math.sqrt(ss_s / kf + math.ldexp(eps, -2 * k)), k
+
+
+@njit(**_INL)
+def _rstd_saved(rstd):
+    """(rstd_s, k) of a saved rstd, as ``_rstd_from_sumsq`` gives for a recomputed one:
+    rstd = rstd_s·2^-k. A row whose rstd lies outside 2^+-SAFE_EXPONENT has x (~1/rstd) outside
+    it too, so Σ dxhat·x is summed scaled by 2^-k, k = -(rstd's exponent), as the path without a
+    saved rstd does; any other row keeps k = 0 (the same operations as before, the same bits)."""
+    if rstd == rstd and rstd != math.inf and rstd != 0.0:
+        e = math.frexp(rstd)[1]
+        if abs(e) > SAFE_EXPONENT:
+            return math.ldexp(rstd, -e), -e
+    return rstd, 0
+
+
+def _saved_rstd_in_range(rstd: np.ndarray) -> bool:
+    """True when no saved rstd needs scaling (``_rstd_saved`` gives k = 0 for every row)."""
+    return bool(np.all(np.abs(np.frexp(rstd)[1]) <= SAFE_EXPONENT))
 
 
 @njit(**_INL)
@@ -507,7 +531,7 @@ def _rms_bwd_v1(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, d
         for r in range(p * ROWS_PER_PART, min(m, (p + 1) * ROWS_PER_PART)):
             b, i = r // nr, r % nr
             if has_rstd:
-                rstd_s, k = rstd_in[r], 0
+                rstd_s, k = _rstd_saved(rstd_in[r])
             else:  # (1)-(2) recomputed
                 rstd_s, k = _rstd_from_sumsq(_sumsq_v1(x3, b, i, kf), x3, b, i, kf, eps)
             s = _dot_v1(dy3, x3, b, i, w, x3.shape[2], k)
@@ -526,7 +550,7 @@ def _rms_bwd_v2(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, d
         for r in range(p * ROWS_PER_PART, min(m, (p + 1) * ROWS_PER_PART)):
             b, i = r // nr, r % nr
             if has_rstd:
-                rstd_s, k = rstd_in[r], 0
+                rstd_s, k = _rstd_saved(rstd_in[r])
             else:  # (1)-(2) recomputed with the forward's code
                 rstd_s, k = _rstd_from_sumsq(_sumsq_v2(x3, b, i, kf), x3, b, i, kf, eps)
             s = _dot_v2(dy3, x3, b, i, w, x3.shape[2], k)
@@ -545,7 +569,7 @@ def _rms_bwd_v3(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, d
         for r in range(p * ROWS_PER_PART, min(m, (p + 1) * ROWS_PER_PART)):
             b, i = r // nr, r % nr
             if has_rstd:
-                rstd_s, k = rstd_in[r], 0
+                rstd_s, k = _rstd_saved(rstd_in[r])
             else:  # (1)-(2) recomputed with the forward's code
                 rstd_s, k = _rstd_from_sumsq(_sumsq_v3(x3, b, i, kf), x3, b, i, kf, eps)
             s = _dot_v3(dy3, x3, b, i, w, x3.shape[2], k)
@@ -594,17 +618,19 @@ def _rms_bwd_v4(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, d
         r0 = p * ROWS_PER_PART
         r1 = min(m, (p + 1) * ROWS_PER_PART)
         s_next = 0.0
+        have_next = False  # s_next holds this row's unscaled Σ dxhat·x
         for r in range(r0, r1):
             b, i = r // nr, r % nr
             if has_rstd:
-                rstd_s, k = rstd_in[r], 0
+                rstd_s, k = _rstd_saved(rstd_in[r])
             else:  # (1)-(2) recomputed with the forward's code
                 rstd_s, k = _rstd_from_sumsq(_sumsq_v3(x3, b, i, kf), x3, b, i, kf, eps)
-            if fuse and r > r0:
+            if have_next and k == 0:
                 s = s_next  # summed while the previous row was written
             else:
                 s = _dot_v3(dy3, x3, b, i, w, n, k)
-            if fuse and r + 1 < r1:
+            have_next = fuse and k == 0 and r + 1 < r1  # a scaled row takes the general loop
+            if have_next:
                 c = s * rstd_s / kf  # (6)
                 s_next = _bwd_row_and_dot(dy3, x3, b, i, w, rstd_s, c, dx3, dw_parts, p,
                                           (r + 1) // nr, (r + 1) % nr)
@@ -640,14 +666,15 @@ def _rms_bwd_v5(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, d
                 db_parts):
     """v5: the common call runs ``_rms_bwd_pipelined``, every other call v4 (a Python-level
     choice: one kernel holding both paths is what v4 is)."""
-    if has_rstd and kf == x3.shape[2] and want_dw and not want_db:
+    if (has_rstd and kf == x3.shape[2] and want_dw and not want_db
+            and _saved_rstd_in_range(rstd_in)):
         _rms_bwd_pipelined(dy3, x3, w, rstd_in, dx3, dw_parts)
     else:
         _rms_bwd_v4(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, dw_parts,
                     db_parts)
 
 
-@njit(nogil=True, cache=True)
+@njit(**_SER)
 def _sum_parts(parts, out):
     """out_j = Σ_p parts[p, j] for p = 0, 1, 2, ... in order (serial: P·N adds, a few ms at
     most, and a serial loop compiles in a fraction of a parallel one's time)."""
@@ -714,7 +741,7 @@ def _add_stats(x3, r3, b, i, rounded, eps, res3, store_res):
     return _add_rstd_scaled(ss, x3, r3, b, i, rounded, eps)
 
 
-@njit(nogil=True, cache=True)
+@njit(**_SER)
 def _add_rstd_scaled(ss, x3, r3, b, i, rounded, eps):
     """The scaled path of ``_rstd_from_sumsq``, on h (rare, not inlined)."""
     n = x3.shape[2]
@@ -755,7 +782,7 @@ def _add_rms_bwd(dy3, dro3, has_dro, x3, r3, rounded, w, eps, has_rstd, rstd_in,
         for r in range(p * ROWS_PER_PART, min(m, (p + 1) * ROWS_PER_PART)):
             b, i = r // nr, r % nr
             if has_rstd:
-                rstd_s, k = rstd_in[r], 0
+                rstd_s, k = _rstd_saved(rstd_in[r])
             else:
                 rstd_s, k = _add_stats(x3, r3, b, i, rounded, eps, dr3, False)
             s = 0.0
@@ -953,6 +980,7 @@ def _param_f64(p: Any, name: str, shape: tuple[int, ...]) -> np.ndarray | None:
 
 def _weight_row(weight: np.ndarray | None, offset: float, n: int) -> np.ndarray:
     """offset + w as float64 (N,); ones (times 1 + offset) without a weight, as the oracle."""
+    offset = resolve_offset(offset)
     if weight is None:
         return np.full(n, 1.0 + float(offset))
     return weight + float(offset) if offset else weight
@@ -1007,11 +1035,7 @@ def _saved(stat: Any, x: np.ndarray, shape: tuple[int, ...], name: str) -> np.nd
     """A saved per-row statistic as a contiguous float64 (M,) array (O(M) copy)."""
     if stat is None:
         return None
-    arr = check_rstd(stat, x, shape)
-    if arr is None:
-        return None
-    if arr.dtype.kind != "f":
-        raise TypeError(f"{name} has dtype {arr.dtype}; expected a real floating dtype")
+    arr = check_stat(stat, x, shape, name)
     return np.ascontiguousarray(arr, dtype=np.float64).reshape(-1)
 
 

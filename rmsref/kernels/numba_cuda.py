@@ -113,6 +113,7 @@ from rmsref._shapes import (
     into_out,
     normalize_shape,
     resolve_eps,
+    resolve_offset,
     resolve_out_dtype,
     resolve_partial,
 )
@@ -922,7 +923,7 @@ def _forward_call(x: Any, normalized_shape: ShapeLike, weight: Any, eps: float |
     eps_v = resolve_eps(eps, xo.dtype)
     ky = _kind(resolve_out_dtype(out_dtype, np.empty(0, xo.dtype)), "out_dtype")
     k = resolve_partial(partial, n)
-    prepared = _forward_prepare(call, xo, ro, wo, bo, m, n, k, eps_v, float(offset), ky,
+    prepared = _forward_prepare(call, xo, ro, wo, bo, m, n, k, eps_v, resolve_offset(offset), ky,
                                 F32 if ro is None else ro.kind, rounded, launch)
     return _Forward(call, xs, nshape, xo, ro, wo, ky, prepared)
 
@@ -961,7 +962,7 @@ def _backward_call(dy: Any, x: Any, normalized_shape: ShapeLike, weight: Any,
     k = resolve_partial(partial, n)
     rstd_dev = None if rstd is None else _rstd_operand(call, rstd, xs, nshape, m)
     prepared = _backward_prepare(call, dyo, xo, ro, wo, bo, dro, rstd_dev, m, n, k, eps_v,
-                                 float(offset), rounded, launch)
+                                 resolve_offset(offset), rounded, launch)
     return _Backward(call, xs, nshape, xo, ro, wo, bo, prepared)
 
 
