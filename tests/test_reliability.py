@@ -342,11 +342,12 @@ def _impls():
 def test_eps_is_a_finite_non_negative_real_scalar(eps, exc):
     x = np.ones((2, 4))
     for mod in _impls():
-        for call in (lambda: mod.rms_norm(x, 4, None, eps),
-                     lambda: mod.layer_norm(x, 4, eps=eps),
-                     lambda: mod.add_rms_norm(x, x, 4, None, eps)):
-            with pytest.raises(exc, match="eps"):
-                call()
+        with pytest.raises(exc, match="eps"):
+            mod.rms_norm(x, 4, None, eps)
+        with pytest.raises(exc, match="eps"):
+            mod.layer_norm(x, 4, eps=eps)
+        with pytest.raises(exc, match="eps"):
+            mod.add_rms_norm(x, x, 4, None, eps)
     with pytest.raises(exc, match="eps"):
         rmsref.unit_norm(x, 4, eps=eps)
 
