@@ -110,6 +110,8 @@ from rmsref._shapes import (
     as_array,
     bfloat16,
     check_out,
+    check_stat_dtype,
+    check_stat_shape,
     into_out,
     normalize_shape,
     resolve_eps,
@@ -243,6 +245,11 @@ def _block_threads(n: int) -> int:
 
 def _launch(launch: Launch | None) -> Launch:
     if launch is not None:
+        if not isinstance(launch, Launch):
+            raise TypeError(
+                f"launch must be a numba_cuda.Launch (e.g. Launch(threads=64)) or None; "
+                f"got {launch!r} ({type(launch).__name__})"
+            )
         return launch
     return _LAUNCH.get() or Launch()
 
@@ -633,11 +640,11 @@ class _Call:
                 f"{name} is a {mine} array but x is a {theirs} array; pass every array of a "
                 "call on the same side (NumPy arrays are copied, device arrays used in place)"
             )
-        if like is not None and tuple(int(d) for d in a.shape) != like:
-            raise ValueError(f"{name} has shape {tuple(a.shape)} but x has shape {like}")
+        arr = a if self.on_device else as_array(a, name)  # a list or None: a named error
+        if like is not None and tuple(int(d) for d in arr.shape) != like:
+            raise ValueError(f"{name} has shape {tuple(arr.shape)} but x has shape {like}")
         if self.on_device:
             return self._device_operand(a, name, rows)
-        arr = as_array(a, name)
         kind = _kind(arr.dtype, name)
         shaped = arr.reshape(rows) if rows is not None else arr.reshape(-1)
         storage = np.ascontiguousarray(shaped).view(_STORAGE_OF_KIND[kind])
@@ -757,21 +764,15 @@ def _check_rounding(rounding: str) -> bool:
 def _rstd_operand(call: _Call, rstd: Any, xs: tuple[int, ...], nshape: tuple[int, ...],
                   m: int) -> Any:
     """A saved rstd (shape lead or lead + (1,)*k, any float dtype) as a float32 (M,) array."""
-    lead = tuple(xs[: len(xs) - len(nshape)])
     if call.on_device != _is_device(rstd):
         raise TypeError("rstd must be on the same side (host or device) as x")
-    shape = tuple(int(s) for s in rstd.shape)
-    if shape not in (lead, lead + (1,) * len(nshape)):
-        raise ValueError(
-            f"rstd has shape {shape}; for input of shape {xs} and normalized_shape {nshape} "
-            f"expected {lead} or {lead + (1,) * len(nshape)}"
-        )
     if call.on_device:
+        check_stat_shape(tuple(int(s) for s in rstd.shape), xs, nshape, "rstd")
         d = rstd if getattr(type(rstd), "__cuda_ndarray__", False) else cuda.as_cuda_array(rstd)
         return d.reshape((m,))
-    host = np.asarray(rstd)
-    if host.dtype.kind != "f":
-        raise TypeError(f"rstd has dtype {host.dtype}; expected a real floating dtype")
+    host = as_array(rstd, "rstd")
+    check_stat_dtype(host.dtype, "rstd")
+    check_stat_shape(tuple(host.shape), xs, nshape, "rstd")
     return cuda.to_device(np.ascontiguousarray(host.reshape(m), dtype=np.float32))
 
 
@@ -983,6 +984,12 @@ def _host_out(call: _Call, out: Any, shape: tuple[int, ...], kind: int,
             "return device arrays (use prepare_forward/prepare_backward to reuse outputs)"
         )
     return check_out(out, shape, _DTYPE_OF_KIND[kind], inputs)
+
+
+def _required(a: Any, name: str) -> None:
+    """The fused functions' residual is an array, never None (an error naming it)."""
+    if a is None:
+        raise TypeError(f"{name} must be an array, got None")
 
 
 def _give(result: Any, out: np.ndarray | None, shape: tuple[int, ...]) -> Any:
@@ -1216,6 +1223,7 @@ def add_rms_norm_forward(
     rstd : array
         float32, shape ``x.shape[:-k] + (1,) * k``.
     """
+    _required(residual, "residual")
     f = _forward_call(x, normalized_shape, weight, eps, offset=offset, residual=residual,
                       rounding=rounding, launch=launch)
     f.prepared.run()
@@ -1258,6 +1266,7 @@ def add_rms_norm_backward(
         ``(dx, dresidual, dweight)``: dh rounded to x's and to the residual's dtype; dweight in
         the weight's dtype (None without weight).
     """
+    _required(residual, "residual")
     b = _backward_call(dy, x, normalized_shape, weight, eps, rstd=rstd, offset=offset,
                        residual=residual, dresidual_out=dresidual_out, rounding=rounding,
                        launch=launch)
