@@ -389,6 +389,24 @@ def prepare(
     )
 
 
+#: How the fused residual add forms h = x + residual: kept in float32/float64 ("fp32-sum") or
+#: rounded to x's dtype first ("rounded-sum").
+ROUNDINGS = ("fp32-sum", "rounded-sum")
+
+
+def resolve_rounding(rounding: Any) -> bool:
+    """Whether the fused add rounds h to x's dtype; ``rounding`` must be one of ``ROUNDINGS``."""
+    if not isinstance(rounding, str) or rounding not in ROUNDINGS:
+        raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
+    return rounding == "rounded-sum"
+
+
+def check_stat_pair(mean: Any, rstd: Any) -> None:
+    """LayerNorm's saved statistics come together: both or neither."""
+    if (mean is None) != (rstd is None):
+        raise ValueError("pass both mean and rstd (the forward's saved statistics), or neither")
+
+
 def param_as_row(p: np.ndarray | None, ctype: np.dtype) -> np.ndarray | None:
     """A checked per-feature parameter as a (1, N) row in the compute dtype (or None)."""
     return None if p is None else p.reshape(1, -1).astype(ctype)

@@ -43,10 +43,10 @@ from rmsref import _sumsq
 from rmsref._module import NormModule
 from rmsref._rounding import round_to
 from rmsref._shapes import (
+    NormInputs,
     ShapeLike,
     as_array,
     check_out,
-    check_rstd,
     check_same_shape,
     compute_dtype,
     into_out,
@@ -58,6 +58,7 @@ from rmsref._shapes import (
     resolve_offset,
     resolve_out_dtype,
     resolve_partial,
+    resolve_rounding,
     result_dtype,
     rows_into,
     stat_shape,
@@ -605,26 +606,24 @@ def rms_norm_double_backward(
 # Fused residual add + RMSNorm
 # --------------------------------------------------------------------------------------------
 
-_ROUNDINGS = ("fp32-sum", "rounded-sum")
-
 
 def _residual_sum(
     x: np.ndarray, residual: np.ndarray, rounding: str, ctype: np.dtype
 ) -> np.ndarray:
     """h = x + residual, in the compute dtype; rounded to x's dtype first for "rounded-sum"."""
-    if rounding not in _ROUNDINGS:
-        raise ValueError(f"rounding must be one of {_ROUNDINGS}, got {rounding!r}")
+    resolve_rounding(rounding)
     h = x.astype(ctype) + residual.astype(ctype)
     if rounding == "rounded-sum":
         h = round_to(h, x.dtype).astype(ctype)
     return h
 
 
-def _prepare_residual(x: Any, residual: Any, normalized_shape: ShapeLike):
-    x_arr, shape, xrows = prepare_input(x, normalized_shape)
-    res = as_array(residual, "residual")
-    check_same_shape(res, x_arr, "residual")
-    return x_arr, res, shape, xrows, res.reshape(xrows.shape)
+def _prepare_residual(x: Any, residual: Any, normalized_shape: ShapeLike, rounding: Any,
+                      **kwargs: Any) -> NormInputs:
+    """The checked arguments of a fused call (``residual`` and any ``others`` x-shaped)."""
+    resolve_rounding(rounding)
+    others = {"residual": residual, **kwargs.pop("others", {})}
+    return prepare(x, normalized_shape, others=others, **kwargs)
 
 
 def add_rms_norm(
@@ -664,12 +663,13 @@ def add_rms_norm_forward(
     offset: float = 0.0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`add_rms_norm` that also returns rstd: ``(y, new_residual, rstd)``."""
-    x_arr, res, shape, xrows, rrows = _prepare_residual(x, residual, normalized_shape)
-    weight_arr = None if weight is None else as_array(weight, "weight")
-    ctype = compute_dtype(x_arr, res, weight_arr)
-    eps = resolve_eps(eps, x_arr.dtype)
-    m, n = xrows.shape
-    wt = _scale_offset(param_row(weight_arr, "weight", shape, ctype), offset, n, ctype)
+    a = _prepare_residual(x, residual, normalized_shape, rounding, weight=weight, eps=eps,
+                          offset=offset)
+    x_arr, shape, xrows, m, n, eps = a.x, a.shape, a.rows, a.m, a.n, a.eps
+    res = a.others["residual"]
+    rrows = res.reshape(xrows.shape)
+    ctype = compute_dtype(x_arr, res, a.weight)
+    wt = _scale_offset(param_as_row(a.weight, ctype), a.offset, n, ctype)
 
     y = np.empty((m, n), result_dtype(x_arr.dtype, ctype))
     new_res = np.empty((m, n), result_dtype(res.dtype, ctype))
@@ -706,18 +706,16 @@ def add_rms_norm_backward(
 
     ``dresidual_out`` (∂L/∂new_residual) may be None (the residual stream is not used later).
     """
-    x_arr, res, shape, xrows, rrows = _prepare_residual(x, residual, normalized_shape)
-    dy_arr = as_array(dy, "dy")
-    check_same_shape(dy_arr, x_arr, "dy")
-    dres_out = None if dresidual_out is None else as_array(dresidual_out, "dresidual_out")
-    if dres_out is not None:
-        check_same_shape(dres_out, x_arr, "dresidual_out")
-    weight_arr = None if weight is None else as_array(weight, "weight")
+    others = {"dy": dy} if dresidual_out is None else {"dy": dy, "dresidual_out": dresidual_out}
+    a = _prepare_residual(x, residual, normalized_shape, rounding, weight=weight, eps=eps,
+                          offset=offset, others=others, stats={"rstd": rstd})
+    x_arr, shape, xrows, m, n, eps = a.x, a.shape, a.rows, a.m, a.n, a.eps
+    res = a.others["residual"]
+    rrows = res.reshape(xrows.shape)
+    dy_arr, dres_out, weight_arr = a.others["dy"], a.others.get("dresidual_out"), a.weight
     ctype = compute_dtype(x_arr, res, dy_arr, weight_arr)
-    eps = resolve_eps(eps, x_arr.dtype)
-    m, n = xrows.shape
-    wt = _scale_offset(param_row(weight_arr, "weight", shape, ctype), offset, n, ctype)
-    saved = check_rstd(rstd, x_arr, shape)
+    wt = _scale_offset(param_as_row(weight_arr, ctype), a.offset, n, ctype)
+    saved = a.stats["rstd"]
     dyrows = dy_arr.reshape(m, n)
 
     dx = np.empty((m, n), result_dtype(x_arr.dtype, ctype))

@@ -118,20 +118,17 @@ from numba import njit, prange
 
 from rmsref._rounding import round_to
 from rmsref._shapes import (
+    NormInputs,
     ShapeLike,
-    as_array,
     bfloat16,
-    check_input,
     check_out,
-    check_same_shape,
-    check_stat,
+    check_stat_pair,
     into_out,
-    normalize_shape,
+    prepare,
     reshape_view,
-    resolve_eps,
     resolve_offset,
     resolve_out_dtype,
-    resolve_partial,
+    resolve_rounding,
     stat_shape,
 )
 from rmsref.kernels._halfbits import BF16_BITS, F16_BITS, from_f64, to_f64
@@ -952,30 +949,20 @@ def _check_real(a: np.ndarray, name: str) -> None:
         )
 
 
-def _prepare(x: Any, normalized_shape: ShapeLike, name: str = "input"):
-    arr = as_array(x, name)
-    shape = normalize_shape(normalized_shape)
-    check_input(arr, shape, name)
-    _check_real(arr, name)
-    return arr, shape
+def _checked(x: Any, normalized_shape: ShapeLike, **kwargs: Any) -> NormInputs:
+    """The shared input contract (:func:`rmsref._shapes.prepare`: the oracle's checks, in the
+    oracle's order), then this backend's own rule: real dtypes only."""
+    a = prepare(x, normalized_shape, **kwargs)
+    _check_real(a.x, "input")
+    for name, arr in (("weight", a.weight), ("bias", a.bias), *a.others.items()):
+        if arr is not None:
+            _check_real(arr, name)
+    return a
 
 
-def _other(a: Any, name: str, x: np.ndarray) -> np.ndarray:
-    arr = as_array(a, name)
-    check_same_shape(arr, x, name)
-    _check_real(arr, name)
-    return arr
-
-
-def _param_f64(p: Any, name: str, shape: tuple[int, ...]) -> np.ndarray | None:
-    """A per-feature parameter as a contiguous float64 (N,) row (O(N), so a copy is fine)."""
-    if p is None:
-        return None
-    arr = as_array(p, name)
-    if tuple(arr.shape) != shape:
-        raise ValueError(f"{name} has shape {tuple(arr.shape)} but normalized_shape is {shape}")
-    _check_real(arr, name)
-    return np.ascontiguousarray(arr, dtype=np.float64).reshape(-1)
+def _param_f64(p: np.ndarray | None) -> np.ndarray | None:
+    """A checked per-feature parameter as a contiguous float64 (N,) row (O(N): a copy is fine)."""
+    return None if p is None else np.ascontiguousarray(p, dtype=np.float64).reshape(-1)
 
 
 def _weight_row(weight: np.ndarray | None, offset: float, n: int) -> np.ndarray:
@@ -1031,11 +1018,10 @@ def _stat_dtype(dtype: np.dtype) -> np.dtype:
     return np.dtype(np.float32) if dtype in _HALF_VIEWS else np.dtype(np.float64)
 
 
-def _saved(stat: Any, x: np.ndarray, shape: tuple[int, ...], name: str) -> np.ndarray | None:
-    """A saved per-row statistic as a contiguous float64 (M,) array (O(M) copy)."""
-    if stat is None:
+def _saved(arr: np.ndarray | None) -> np.ndarray | None:
+    """A checked saved per-row statistic as a contiguous float64 (M,) array (O(M) copy)."""
+    if arr is None:
         return None
-    arr = check_stat(stat, x, shape, name)
     return np.ascontiguousarray(arr, dtype=np.float64).reshape(-1)
 
 
@@ -1071,13 +1057,11 @@ def _rms_norm_forward(
     out_dtype: Any = None,
     out: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    x, shape = _prepare(x, normalized_shape)
-    n = int(np.prod(shape))
-    w_arr = None if weight is None else as_array(weight, "weight")
-    w = _weight_row(_param_f64(w_arr, "weight", shape), offset, n)
-    b = _param_f64(bias, "bias", shape)
-    eps = resolve_eps(eps, x.dtype)
-    kf = resolve_partial(partial, n)
+    a = _checked(x, normalized_shape, weight=weight, bias=bias, eps=eps, offset=offset,
+                 partial=partial)
+    x, shape, n, eps, kf, w_arr, bias = a.x, a.shape, a.n, a.eps, a.k_feat, a.weight, a.bias
+    w = _weight_row(_param_f64(w_arr), a.offset, n)
+    b = _param_f64(bias)
     dtype = resolve_out_dtype(out_dtype, x)
     _check_real(np.empty(0, dtype), "out_dtype")
     y = _result(out, x.shape, dtype, {"x": x, "weight": w_arr, "bias": bias})
@@ -1103,16 +1087,12 @@ def _rms_norm_backward(
     partial: float | None = None,
     out: np.ndarray | None = None,
 ) -> RMSNormGrads:
-    x, shape = _prepare(x, normalized_shape)
-    dy = _other(dy, "dy", x)
-    n = int(np.prod(shape))
-    w_arr = None if weight is None else as_array(weight, "weight")
-    w = _weight_row(_param_f64(w_arr, "weight", shape), offset, n)
-    b_arr = None if bias is None else as_array(bias, "bias")
-    _param_f64(b_arr, "bias", shape)  # validated; the bias enters neither dx nor dweight
-    eps = resolve_eps(eps, x.dtype)
-    kf = resolve_partial(partial, n)
-    saved = _saved(rstd, x, shape, "rstd")
+    a = _checked(x, normalized_shape, weight=weight, bias=bias, eps=eps, offset=offset,
+                 partial=partial, others={"dy": dy}, stats={"rstd": rstd})
+    x, dy, shape, n, eps, kf = a.x, a.others["dy"], a.shape, a.n, a.eps, a.k_feat
+    w_arr, b_arr = a.weight, a.bias  # the bias enters neither dx nor dweight
+    w = _weight_row(_param_f64(w_arr), a.offset, n)
+    saved = _saved(a.stats["rstd"])
     dx = _result(out, x.shape, x.dtype, {"dy": dy, "x": x, "weight": w_arr, "rstd": rstd})
     dy3, x3, dx3 = _rows3([_bits(dy), _bits(x), _bits(dx)], len(shape))
     m = x3.shape[0] * x3.shape[1]
@@ -1270,15 +1250,6 @@ VARIANTS: dict[str, tuple[int, ...]] = {
 
 
 # ---------------------------------------------------------------------------- fused residual
-_ROUNDINGS = ("fp32-sum", "rounded-sum")
-
-
-def _check_rounding(rounding: str) -> bool:
-    if rounding not in _ROUNDINGS:
-        raise ValueError(f"rounding must be one of {_ROUNDINGS}, got {rounding!r}")
-    return rounding == "rounded-sum"
-
-
 def add_rms_norm_forward(
     x: Any,
     residual: Any,
@@ -1303,13 +1274,11 @@ def add_rms_norm_forward(
         y in x's dtype, new_residual = R_res(h) in residual's dtype, rstd as
         :func:`rms_norm_forward`'s (float32 for half x).
     """
-    rounded = _check_rounding(rounding)
-    x, shape = _prepare(x, normalized_shape)
-    res = _other(residual, "residual", x)
-    n = int(np.prod(shape))
-    w_arr = None if weight is None else as_array(weight, "weight")
-    w = _weight_row(_param_f64(w_arr, "weight", shape), offset, n)
-    eps = resolve_eps(eps, x.dtype)
+    rounded = resolve_rounding(rounding)
+    a = _checked(x, normalized_shape, weight=weight, eps=eps, offset=offset,
+                 others={"residual": residual})
+    x, res, shape, n, eps = a.x, a.others["residual"], a.shape, a.n, a.eps
+    w = _weight_row(_param_f64(a.weight), a.offset, n)
     y = np.empty(x.shape, x.dtype)
     new_res = np.empty(x.shape, res.dtype)
     x3, r3, y3, nr3 = _rows3([_bits(x), _bits(res), _bits(y), _bits(new_res)], len(shape))
@@ -1371,16 +1340,16 @@ def add_rms_norm_backward(
         ``(dx, dresidual, dweight)``; dh = dx_RMSNorm(h) + dresidual_out, rounded to x's and to
         residual's dtype.
     """
-    rounded = _check_rounding(rounding)
-    x, shape = _prepare(x, normalized_shape)
-    res = _other(residual, "residual", x)
-    dy = _other(dy, "dy", x)
-    dro = None if dresidual_out is None else _other(dresidual_out, "dresidual_out", x)
-    n = int(np.prod(shape))
-    w_arr = None if weight is None else as_array(weight, "weight")
-    w = _weight_row(_param_f64(w_arr, "weight", shape), offset, n)
-    eps = resolve_eps(eps, x.dtype)
-    saved = _saved(rstd, x, shape, "rstd")
+    rounded = resolve_rounding(rounding)
+    others = {"residual": residual, "dy": dy}
+    if dresidual_out is not None:
+        others["dresidual_out"] = dresidual_out
+    a = _checked(x, normalized_shape, weight=weight, eps=eps, offset=offset, others=others,
+                 stats={"rstd": rstd})
+    x, res, dy, shape, n, eps = a.x, a.others["residual"], a.others["dy"], a.shape, a.n, a.eps
+    dro, w_arr = a.others.get("dresidual_out"), a.weight
+    w = _weight_row(_param_f64(w_arr), a.offset, n)
+    saved = _saved(a.stats["rstd"])
     dx = np.empty(x.shape, x.dtype)
     dres = np.empty(x.shape, res.dtype)
     has_dro = dro is not None
@@ -1428,12 +1397,10 @@ def layer_norm_forward(
         y rounded once to ``out_dtype`` (default x's dtype); mean and rstd float32 for half
         inputs, float64 otherwise. Not overflow-safe for float64 rows beyond ~1e150.
     """
-    x, shape = _prepare(x, normalized_shape)
-    n = int(np.prod(shape))
-    w_arr = None if weight is None else as_array(weight, "weight")
-    w = _weight_row(_param_f64(w_arr, "weight", shape), 0.0, n)
-    b = _param_f64(bias, "bias", shape)
-    eps = resolve_eps(eps, x.dtype, default=_LN_EPS)
+    a = _checked(x, normalized_shape, weight=weight, bias=bias, eps=eps, eps_default=_LN_EPS)
+    x, shape, n, eps, w_arr, bias = a.x, a.shape, a.n, a.eps, a.weight, a.bias
+    w = _weight_row(_param_f64(w_arr), 0.0, n)
+    b = _param_f64(bias)
     dtype = resolve_out_dtype(out_dtype, x)
     _check_real(np.empty(0, dtype), "out_dtype")
     y = _result(out, x.shape, dtype, {"x": x, "weight": w_arr, "bias": bias})
@@ -1500,18 +1467,13 @@ def layer_norm_backward(
     LayerNormGrads
         ``(dx, dweight, dbias)`` in the dtypes of x, weight, bias (None without them).
     """
-    x, shape = _prepare(x, normalized_shape)
-    dy = _other(dy, "dy", x)
-    n = int(np.prod(shape))
-    w_arr = None if weight is None else as_array(weight, "weight")
-    w = _weight_row(_param_f64(w_arr, "weight", shape), 0.0, n)
-    b_arr = None if bias is None else as_array(bias, "bias")
-    _param_f64(b_arr, "bias", shape)
-    eps = resolve_eps(eps, x.dtype, default=_LN_EPS)
-    if (mean is None) != (rstd is None):
-        raise ValueError("pass both mean and rstd (the forward's saved statistics), or neither")
-    saved_mean = _saved(mean, x, shape, "mean")
-    saved_rstd = _saved(rstd, x, shape, "rstd")
+    check_stat_pair(mean, rstd)
+    a = _checked(x, normalized_shape, weight=weight, bias=bias, eps=eps, eps_default=_LN_EPS,
+                 others={"dy": dy}, stats={"mean": mean, "rstd": rstd})
+    x, dy, shape, n, eps, w_arr, b_arr = (a.x, a.others["dy"], a.shape, a.n, a.eps, a.weight,
+                                          a.bias)
+    w = _weight_row(_param_f64(w_arr), 0.0, n)
+    saved_mean, saved_rstd = _saved(a.stats["mean"]), _saved(a.stats["rstd"])
     dx = _result(out, x.shape, x.dtype, {"dy": dy, "x": x, "weight": w_arr, "mean": mean,
                                          "rstd": rstd})
     dy3, x3, dx3 = _rows3([_bits(dy), _bits(x), _bits(dx)], len(shape))

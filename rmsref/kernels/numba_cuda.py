@@ -118,6 +118,7 @@ from rmsref._shapes import (
     resolve_offset,
     resolve_out_dtype,
     resolve_partial,
+    resolve_rounding,
 )
 from rmsref.kernels import _halfbits_cuda as hb
 from rmsref.rmsnorm import AddRMSNormGrads, RMSNormGrads
@@ -755,12 +756,6 @@ def _dev(op: _Operand | None, ndim: int) -> tuple[Any, int]:
     return (_dummy(ndim), F32) if op is None else (op.dev, op.kind)
 
 
-def _check_rounding(rounding: str) -> bool:
-    if rounding not in ("fp32-sum", "rounded-sum"):
-        raise ValueError(f"rounding must be 'fp32-sum' or 'rounded-sum', got {rounding!r}")
-    return rounding == "rounded-sum"
-
-
 def _rstd_operand(call: _Call, rstd: Any, xs: tuple[int, ...], nshape: tuple[int, ...],
                   m: int) -> Any:
     """A saved rstd (shape lead or lead + (1,)*k, any float dtype) as a float32 (M,) array."""
@@ -912,7 +907,7 @@ def _forward_call(x: Any, normalized_shape: ShapeLike, weight: Any, eps: float |
                   bias: Any = None, offset: float = 0.0, partial: float | None = None,
                   out_dtype: Any = None, residual: Any = None, rounding: str = "fp32-sum",
                   launch: Launch | None = None) -> _Forward:
-    rounded = _check_rounding(rounding)
+    rounded = resolve_rounding(rounding)
     call = _Call(x)
     nshape = normalize_shape(normalized_shape)
     xs = _input_shape(call, x)
@@ -946,7 +941,7 @@ def _backward_call(dy: Any, x: Any, normalized_shape: ShapeLike, weight: Any,
                    offset: float = 0.0, partial: float | None = None, residual: Any = None,
                    dresidual_out: Any = None, rounding: str = "fp32-sum",
                    launch: Launch | None = None) -> _Backward:
-    rounded = _check_rounding(rounding)
+    rounded = resolve_rounding(rounding)
     call = _Call(x)
     nshape = normalize_shape(normalized_shape)
     xs = _input_shape(call, x)
