@@ -403,3 +403,24 @@ def test_big_endian_inputs_are_converted():
             np.testing.assert_array_equal(y, mod.rms_norm(x.astype(dt[1:]), 4,
                                                           x[0].astype(dt[1:]), 1e-5))
             assert y.dtype.isnative
+
+
+# ---------------------------------------------------------------------------------------------
+# found by the fuzz suite: a huge dy made numba_cpu's Σ dxhat·x overflow (x itself in range)
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("x, dy", [
+    (np.array([[1.56150717e137]]), np.array([[-1.64147984e219]])),
+    (np.array([[1.70901312e73, 7.43063395e73, -4.36591310e71]]),
+     np.array([[3.48675319e284, -1.83009696e283, -5.96498237e283]])),
+], ids=["N1", "N3"])
+def test_numba_cpu_backward_with_a_huge_dy(nc, x, dy):
+    """Reference: the oracle (which sums dxhat·xhat, in range); bound 1e-13 relative."""
+    n = x.shape[1]
+    ref = rmsref.rms_norm_backward(dy, x, n)
+    _, rstd = rmsref.rms_norm_forward(x, n)
+    w = np.ones(n)
+    for got in (nc.rms_norm_backward(dy, x, n), nc.rms_norm_backward(dy, x, n, w, rstd=rstd),
+                nc.add_rms_norm_backward(dy, None, x, np.zeros_like(x), n)):
+        assert np.all(np.isfinite(got.dx)), got.dx
+        np.testing.assert_allclose(got.dx, ref.dx, rtol=1e-13, atol=1e-13 * np.max(
+            np.abs(ref.dx)))

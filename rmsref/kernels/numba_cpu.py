@@ -485,12 +485,32 @@ def _zero_part(parts, p):
 
 
 @njit(**_INL)
+def _coef(s, g3, x3, b, i, w, kf, rstd_s, k):
+    """c of eq. (6), s·rstd_s/K from s = Σ_{j<K} dxhat_j·x_j·2^-k. When s left
+    [SS_LO, SS_HI] (a dy so large that dxhat·x overflowed, or so small that it lost digits;
+    also a NaN row) c is summed again in the oracle's order, Σ dxhat·xhat / K: rare rows only,
+    so every other row keeps its bits."""
+    if s == 0.0 or SS_LO <= abs(s) <= SS_HI:
+        return s * rstd_s / kf
+    return _coef_from_xhat(g3, x3, b, i, w, kf, rstd_s, k)
+
+
+@njit(**_SER)
+def _coef_from_xhat(g3, x3, b, i, w, kf, rstd_s, k):
+    """(1/K) Σ_{j<K} dxhat_j·xhat_j, xhat = (x·2^-k)·rstd_s: the rare path of ``_coef``."""
+    c = 0.0
+    for j in range(kf):
+        c += (to_f64(g3[b, i, j]) * w[j]) * (_scaled(to_f64(x3[b, i, j]), k) * rstd_s)
+    return c / kf
+
+
+@njit(**_INL)
 def _rms_bwd_row(g3, x3, b, i, w, kf, rstd_s, k, s, dx3, want_dw, want_db, dw_parts, db_parts,
                  p):
     """dx of one row and its contribution to the part's dweight/dbias rows, given
     s = Σ dxhat·x·2^-k. Eqs. (5)-(9)."""
     n = x3.shape[2]
-    c = s * rstd_s / kf  # (6) c = (1/K) Σ dxhat·xhat, with xhat = (x·2^-k)·rstd_s
+    c = _coef(s, g3, x3, b, i, w, kf, rstd_s, k)  # (6) c = (1/K) Σ dxhat·xhat
     if k == 0 and kf == n:
         # The common row, unswitched by hand: no per-element scaling test or K test, so the loop
         # vectorises (with them: 4.4x instead of 2.5x the copy time at 65536x512 in one loaded
@@ -628,7 +648,7 @@ def _rms_bwd_v4(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, d
                 s = _dot_v3(dy3, x3, b, i, w, n, k)
             have_next = fuse and k == 0 and r + 1 < r1  # a scaled row takes the general loop
             if have_next:
-                c = s * rstd_s / kf  # (6)
+                c = _coef(s, dy3, x3, b, i, w, kf, rstd_s, 0)  # (6)
                 s_next = _bwd_row_and_dot(dy3, x3, b, i, w, rstd_s, c, dx3, dw_parts, p,
                                           (r + 1) // nr, (r + 1) % nr)
             else:
@@ -654,7 +674,7 @@ def _rms_bwd_pipelined(dy3, x3, w, rstd_in, dx3, dw_parts):
         for r in range(r0, r1):
             rn = min(r + 1, r1 - 1)  # the row summed while row r is written
             rstd_s = rstd_in[r]
-            c = s * rstd_s / n  # (6)
+            c = _coef(s, dy3, x3, r // nr, r % nr, w, n, rstd_s, 0)  # (6)
             s = _bwd_row_and_dot(dy3, x3, r // nr, r % nr, w, rstd_s, c, dx3, dw_parts, p,
                                  rn // nr, rn % nr)
 
@@ -768,6 +788,16 @@ def _add_rms_fwd(x3, r3, rounded, w, eps, y3, res3, rstd_out):
             y3[b, i, j] = from_f64(_scaled(_h(x3, r3, b, i, j, rounded), k) * rstd_s * w[j], y3)
 
 
+@njit(**_SER)
+def _add_coef_from_hhat(dy3, x3, r3, b, i, rounded, w, rstd_s, k):
+    """(1/N) Σ dxhat_j·hhat_j, hhat = (h·2^-k)·rstd_s: ``_coef_from_xhat`` on h."""
+    n = x3.shape[2]
+    c = 0.0
+    for j in range(n):
+        c += (to_f64(dy3[b, i, j]) * w[j]) * (_scaled(_h(x3, r3, b, i, j, rounded), k) * rstd_s)
+    return c / n
+
+
 @njit(**_PAR)
 def _add_rms_bwd(dy3, dro3, has_dro, x3, r3, rounded, w, eps, has_rstd, rstd_in, dx3, dr3,
                  want_dw, dw_parts):
@@ -785,7 +815,10 @@ def _add_rms_bwd(dy3, dro3, has_dro, x3, r3, rounded, w, eps, has_rstd, rstd_in,
             s = 0.0
             for j in range(n):  # Σ dxhat·h·2^-k (one lane: the fused backward is not benched)
                 s += (to_f64(dy3[b, i, j]) * w[j]) * _scaled(_h(x3, r3, b, i, j, rounded), k)
-            c = s * rstd_s / n  # (6)
+            if s == 0.0 or SS_LO <= abs(s) <= SS_HI:
+                c = s * rstd_s / n  # (6)
+            else:  # as _coef: dxhat·h overflowed or lost digits, sum dxhat·hhat instead
+                c = _add_coef_from_hhat(dy3, x3, r3, b, i, rounded, w, rstd_s, k)
             rstd = math.ldexp(rstd_s, -k)
             for j in range(n):
                 g = to_f64(dy3[b, i, j])
