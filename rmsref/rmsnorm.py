@@ -210,18 +210,27 @@ def rms_norm(
     ----------
     x : array_like
         Input of any leading shape whose trailing dims are ``normalized_shape``. float16,
-        bfloat16 (ml_dtypes), float32, float64, complex64 or complex128.
+        bfloat16 (ml_dtypes), float32, float64, complex64 or complex128. The same rules hold
+        for every array argument of every function and backend: other dtypes (integers, bool)
+        are a ``TypeError`` naming the argument; masked arrays (``numpy.ma``) are refused with a
+        ``TypeError`` (a norm over a row with holes has no single meaning: pass
+        ``x.filled(value)`` or ``x.data``); ``numpy.matrix`` and other ndarray subclasses are
+        used as the plain ndarray they hold; big-endian arrays are converted to native byte
+        order (same values).
     normalized_shape : int or tuple of int
         The trailing dims that form one row (normalised together).
     weight : array_like, optional
         Per-feature scale of shape ``normalized_shape``.
     eps : float, optional
-        Added to the mean of squares. ``None`` means ``finfo(float32).eps`` for float16, bfloat16
-        and float32 inputs and ``finfo(float64).eps`` for float64 (current PyTorch).
+        Added to the mean of squares: a finite, non-negative real Python or NumPy scalar
+        (bool, str, complex, arrays: ``TypeError``; NaN, ±inf, negative: ``ValueError``).
+        ``None`` means ``finfo(float32).eps`` for float16, bfloat16 and float32 inputs and
+        ``finfo(float64).eps`` for float64 (current PyTorch).
     out : numpy.ndarray, optional
-        Where to write the result: x's shape and the result's dtype exactly, writeable, not
-        overlapping any input (every backend takes it; the Numba kernels then skip allocating
-        and first-touching a new output, which is most of a call's overhead on large inputs).
+        Where to write the result: a plain ``numpy.ndarray`` (not a matrix or masked array) of
+        x's shape and the result's dtype exactly, writeable, not overlapping any input (every
+        backend takes it; the Numba kernels then skip allocating and first-touching a new
+        output, which is most of a call's overhead on large inputs).
 
     Returns
     -------
@@ -262,7 +271,8 @@ def rms_norm_forward(
     bias : array_like, optional
         Per-feature shift of shape ``normalized_shape`` (flash-attn, Equinox).
     offset : float, default 0.0
-        The weight is used as ``offset + weight`` (Gemma's zero-centred weight uses 1.0).
+        The weight is used as ``offset + weight`` (Gemma's zero-centred weight uses 1.0). A
+        finite real Python or NumPy scalar, else an error naming ``offset``.
     partial : float in (0, 1], optional
         pRMSNorm: the RMS is estimated from the first ``floor(N * partial)`` features of each
         row (in flattened order); all features are normalised.
@@ -328,8 +338,10 @@ def rms_norm_backward(
     x, normalized_shape, weight, eps, bias, offset, partial
         As in :func:`rms_norm_forward`.
     rstd : array_like, optional
-        The statistic saved by the forward (shape ``lead`` or ``lead + (1,)*k``). When given it
-        is used as is (as a kernel would use its own saved statistic); else it is recomputed.
+        The statistic saved by the forward (shape ``lead`` or ``lead + (1,)*k``; a real floating
+        dtype, complex only for complex ``x``). When given it is used as is (as a kernel would
+        use its own saved statistic); else it is recomputed. Errors name it (as ``mean`` and
+        ``rnorm`` are named in the LayerNorm and unit-norm backwards).
     out : numpy.ndarray, optional
         Where to write ``dx`` (x's shape and dx's dtype; as in :func:`rms_norm`).
 

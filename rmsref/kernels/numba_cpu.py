@@ -3,6 +3,10 @@ r"""Numba-parallel CPU kernels for RMSNorm (and LayerNorm, written the same way 
 ``rmsref.backend("numba_cpu")`` is this module: the oracle's function names and signatures
 (DESIGN §2), computed by ``@njit(parallel=True)`` kernels. The math is the oracle's, eqs. (1)-(9)
 of :mod:`rmsref.rmsnorm` and (1)-(11) of :mod:`rmsref.layernorm`; read those first.
+Arguments are checked by the oracle's own contract (:func:`rmsref._shapes.prepare`: the same
+rules for eps, offset, partial, saved statistics, masked arrays, ``numpy.matrix`` and byte order,
+in the same order, so both raise the same error for the same call), plus one rule of this
+backend: real dtypes only (complex inputs are a ``TypeError``; use the oracle).
 
 Variants (llm.c style: each line says what changed from the previous one)
 -------------------------------------------------------------------------
