@@ -120,7 +120,8 @@ def _stats_rows(
     (unit-norm, :mod:`rmsref.unitnorm`).
     """
     divisor = k_feat if divisor is None else divisor
-    k = _sumsq.row_exponents(xr, eps) if _sumsq.needs_scaling(xr.dtype) else None
+    # the scale comes from the K features that feed the statistic (pRMSNorm: not the rest)
+    k = _sumsq.row_exponents(xr[:, :k_feat], eps) if _sumsq.needs_scaling(xr.dtype) else None
     xs = _sumsq.scale_rows(xr, k)  # (M, N)  x · 2^-k, exact
     ms = _sumsq.sum_of_squares(xs[:, :k_feat]) / divisor  # (M, 1)  eq. (1), scaled units
     denom = np.sqrt(ms + _sumsq.scale_eps(eps, k))  # (M, 1)  sqrt(ms + eps), scaled units

@@ -424,3 +424,19 @@ def test_numba_cpu_backward_with_a_huge_dy(nc, x, dy):
         assert np.all(np.isfinite(got.dx)), got.dx
         np.testing.assert_allclose(got.dx, ref.dx, rtol=1e-13, atol=1e-13 * np.max(
             np.abs(ref.dx)))
+
+
+# ---------------------------------------------------------------------------------------------
+# found by the fuzz suite: pRMSNorm scaled a float64 row by its largest element overall, not
+# by the largest of the K features that feed the statistic, and lost them to underflow
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("impl", ["numpy", "numba_cpu"])
+def test_partial_rms_norm_scales_by_the_features_it_uses(impl):
+    """Exact: rstd = 1/|x_0| (K = 1), y = x·rstd; 1e-15 relative (float64 rounding)."""
+    if impl == "numba_cpu":
+        pytest.importorskip("numba")
+    mod = rmsref.backend(impl)
+    x = np.array([[2.69117846e-197, -7.35742913e-100], [6.52281990e89, 4.69410059e247]])
+    y, rstd = mod.rms_norm_forward(x, 2, None, 0.0, partial=0.5)
+    np.testing.assert_allclose(rstd[:, 0], 1 / np.abs(x[:, 0]), rtol=1e-15)
+    np.testing.assert_allclose(y, x / np.abs(x[:, :1]), rtol=1e-15)

@@ -346,7 +346,7 @@ def _rstd_from_sumsq(ss, x3, b, i, kf, eps):
 def _rstd_scaled(ss, x3, b, i, kf, eps):
     """The rare path of ``_rstd_from_sumsq`` (not inlined: it would only bloat every kernel)."""
     amax = 0.0
-    for j in range(x3.shape[2]):
+    for j in range(kf):  # the features that feed the statistic (pRMSNorm: not the rest)
         a = abs(to_f64(x3[b, i, j]))
         if not a <= amax:  # NaN gets through too, so a NaN row keeps k = 0
             amax = a
