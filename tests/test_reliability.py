@@ -440,3 +440,19 @@ def test_partial_rms_norm_scales_by_the_features_it_uses(impl):
     y, rstd = mod.rms_norm_forward(x, 2, None, 0.0, partial=0.5)
     np.testing.assert_allclose(rstd[:, 0], 1 / np.abs(x[:, 0]), rtol=1e-15)
     np.testing.assert_allclose(y, x / np.abs(x[:, :1]), rtol=1e-15)
+
+
+@pytest.mark.parametrize("x, dy", [
+    (np.array([[-1.3478236897427788e-66]]), np.array([[-1.7225425157140511e-276]])),
+    (np.array([[5.2771493551993435e-30, 1e-30]]), np.array([[5.010019798190967e-113, 0.0]])),
+], ids=["N1", "N2"])
+def test_numba_cpu_backward_with_a_tiny_dy(nc, x, dy):
+    """Σ dxhat·x underflowed to 0 and the projection term was lost (found by the fuzz suite).
+    Reference: the oracle; bound 1e-15 of the terms rstd·|dxhat| (the tolerance model's M)."""
+    n = x.shape[1]
+    ref = rmsref.rms_norm_backward(dy, x, n, None, 0.0)
+    _, rstd = rmsref.rms_norm_forward(x, n, None, 0.0)
+    m_terms = np.max(rstd * np.abs(dy))
+    for got in (nc.rms_norm_backward(dy, x, n, None, 0.0),
+                nc.rms_norm_backward(dy, x, n, np.ones(n), 0.0, rstd=rstd)):
+        assert np.max(np.abs(got.dx - ref.dx)) <= 1e-15 * m_terms, (got.dx, ref.dx)

@@ -491,10 +491,11 @@ def _zero_part(parts, p):
 @njit(**_INL)
 def _coef(s, g3, x3, b, i, w, kf, rstd_s, k):
     """c of eq. (6), s·rstd_s/K from s = Σ_{j<K} dxhat_j·x_j·2^-k. When s left
-    [SS_LO, SS_HI] (a dy so large that dxhat·x overflowed, or so small that it lost digits;
-    also a NaN row) c is summed again in the oracle's order, Σ dxhat·xhat / K: rare rows only,
-    so every other row keeps its bits."""
-    if s == 0.0 or SS_LO <= abs(s) <= SS_HI:
+    [SS_LO, SS_HI] (a dy so large that dxhat·x overflowed, or so small that it lost digits or
+    underflowed to 0; also a zero dy row and a NaN row) c is summed again in the oracle's order,
+    Σ dxhat·xhat / K: rare rows only, so every other row keeps its bits (a zero dy row gets the
+    same c = ±0 either way)."""
+    if SS_LO <= abs(s) <= SS_HI:
         return s * rstd_s / kf
     return _coef_from_xhat(g3, x3, b, i, w, kf, rstd_s, k)
 
@@ -819,7 +820,7 @@ def _add_rms_bwd(dy3, dro3, has_dro, x3, r3, rounded, w, eps, has_rstd, rstd_in,
             s = 0.0
             for j in range(n):  # Σ dxhat·h·2^-k (one lane: the fused backward is not benched)
                 s += (to_f64(dy3[b, i, j]) * w[j]) * _scaled(_h(x3, r3, b, i, j, rounded), k)
-            if s == 0.0 or SS_LO <= abs(s) <= SS_HI:
+            if SS_LO <= abs(s) <= SS_HI:
                 c = s * rstd_s / n  # (6)
             else:  # as _coef: dxhat·h overflowed or lost digits, sum dxhat·hhat instead
                 c = _add_coef_from_hhat(dy3, x3, r3, b, i, rounded, w, rstd_s, k)
