@@ -6,7 +6,9 @@ never silently broadcast or cast.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import ml_dtypes
@@ -39,30 +41,50 @@ def as_array(a: Any, name: str) -> np.ndarray:
     """Return ``a`` as a NumPy array of a supported dtype, without copying when possible.
 
     Accepts NumPy arrays, torch tensors (bfloat16 included, on any device), JAX arrays, CuPy
-    arrays, and anything with ``__array__`` or ``__dlpack__``. Raises ``TypeError`` naming the
-    dtype for integer, bool, object, string and other unsupported dtypes.
+    arrays, and anything with ``__array__`` or ``__dlpack__``. The policies every entry point
+    shares (so that no two backends disagree on what they accept):
+
+    * integer, bool, object, string and other unsupported dtypes: ``TypeError`` naming the dtype;
+    * masked arrays (``numpy.ma``): ``TypeError``. A norm over a row with holes has no single
+      meaning (leave the masked values out of the statistic? out of the output?), so rmsref asks
+      the caller to decide: pass ``a.filled(value)`` or ``a.data``;
+    * ``numpy.matrix`` and other ndarray subclasses: used as the plain ndarray they hold (a view;
+      a matrix is always 2-D, so ``normalized_shape`` applies to its columns);
+    * big-endian (non-native byte order) arrays: converted to native byte order (a copy; the
+      values are unchanged).
     """
+    if isinstance(a, np.ma.MaskedArray):
+        raise TypeError(
+            f"{name} is a masked array (numpy.ma); rmsref does not guess what a masked element "
+            f"means for a norm: pass {name}.filled(value) or {name}.data"
+        )
     from_framework = None if isinstance(a, np.ndarray) else _framework_array(a)
     if isinstance(a, np.ndarray):
-        arr = a
+        arr = a if type(a) is np.ndarray else np.asarray(a)
     elif from_framework is not None:
         arr = from_framework
     elif hasattr(a, "__array__"):
         arr = np.asarray(a)
     elif hasattr(a, "__dlpack__"):
         arr = np.from_dlpack(a)
-    elif isinstance(a, (int, float, complex, list, tuple)):
+    elif isinstance(a, (int, float, complex, list, tuple)) and not isinstance(a, bool):
         arr = np.asarray(a)
     else:
         raise TypeError(
             f"{name} must be an array (NumPy, or an object with __array__ or __dlpack__), "
             f"got {type(a).__name__}"
         )
+    if arr.dtype.byteorder not in ("=", "|") and arr.dtype.newbyteorder("=") in (
+        SUPPORTED_DTYPES.values()
+    ):
+        arr = arr.astype(arr.dtype.newbyteorder("="))  # big-endian: same values, native order
     if arr.dtype not in SUPPORTED_DTYPES.values():
+        hint = (
+            " (cast integer inputs explicitly, e.g. x.astype(np.float32))"
+            if arr.dtype.kind in "iub" else ""
+        )
         raise TypeError(
-            f"{name} has dtype {arr.dtype}; rmsref accepts "
-            f"{', '.join(SUPPORTED_DTYPES)} "
-            "(cast integer inputs explicitly, e.g. x.astype(np.float32))"
+            f"{name} has dtype {arr.dtype}; rmsref accepts {', '.join(SUPPORTED_DTYPES)}{hint}"
         )
     return arr
 
@@ -166,21 +188,47 @@ def default_eps(dtype: np.dtype) -> float:
     return float(np.finfo(opmath_dtype(dtype)).eps)
 
 
+def real_scalar(value: Any, name: str) -> float:
+    """``value`` as a finite Python float, when it is a real Python or NumPy scalar.
+
+    Refused with an error naming ``name``: bool (``True`` is not a number here), str, complex,
+    None, arrays, and non-finite or too large values (``10**400`` does not fit a float).
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+        value, (int, float, np.integer, np.floating)
+    ):
+        raise TypeError(
+            f"{name} must be a finite real number (a Python or NumPy scalar); "
+            f"got {value!r} ({type(value).__name__})"
+        )
+    try:
+        result = float(value)
+    except OverflowError:
+        result = math.inf
+    if not math.isfinite(result):
+        raise ValueError(f"{name} must be a finite real number; got {value!r}")
+    return result
+
+
 def resolve_eps(eps: float | None, dtype: np.dtype, default: float | None = None) -> float:
     """Return eps as a float; ``None`` means ``default`` or, if that is None, ``default_eps``.
 
-    Negative finite eps is accepted (PyTorch accepts it); rows with mean(x^2) + eps <= 0 then
-    give NaN. Non-finite eps is a ValueError.
+    eps must be a finite, non-negative real Python or NumPy scalar: ``TypeError`` for bool, str,
+    complex and arrays, ``ValueError`` for NaN, infinities, values too large for a float and
+    negative values (mean(x²) + eps could then be zero or negative: a NaN, not a norm).
     """
     if eps is None:
         return default_eps(dtype) if default is None else float(default)
-    try:
-        value = float(eps)
-    except (TypeError, ValueError):
-        raise TypeError(f"eps must be a real number or None, got {eps!r}") from None
-    if not np.isfinite(value):
-        raise ValueError(f"eps must be finite, got {eps!r}")
+    value = real_scalar(eps, "eps")
+    if value < 0:
+        raise ValueError(f"eps must be a finite non-negative real number; got {eps!r}")
     return value
+
+
+def resolve_offset(offset: Any) -> float:
+    """The weight offset as a float (the weight is used as ``offset + weight``); a finite real
+    Python or NumPy scalar, else an error naming ``offset``."""
+    return real_scalar(offset, "offset")
 
 
 def compute_dtype(*arrays: np.ndarray | None) -> np.dtype:
@@ -206,10 +254,14 @@ def resolve_out_dtype(out_dtype: Any, x: np.ndarray) -> np.dtype:
 
 
 def resolve_partial(partial: float | None, n: int) -> int:
-    """Number of features K = floor(N * p) that estimate the RMS in pRMSNorm (K = N when None)."""
+    """Number of features K = floor(N * p) that estimate the RMS in pRMSNorm (K = N when None).
+
+    ``partial`` is None or a real Python or NumPy scalar in (0, 1]; anything else is an error
+    naming ``partial``.
+    """
     if partial is None:
         return n
-    p = float(partial)
+    p = real_scalar(partial, "partial")
     if not (0.0 < p <= 1.0):
         raise ValueError(f"partial must be in (0, 1], got {partial!r}")
     k = int(np.floor(n * p))
@@ -226,20 +278,47 @@ def rows_view(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return x.reshape(-1, int(np.prod(shape)))
 
 
-def check_rstd(rstd: Any, x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
-    """Validate a saved rstd: shape ``lead`` or ``lead + (1,)*k``; return it as (M, 1)."""
-    if rstd is None:
-        return None
-    arr = np.asarray(rstd)
-    if arr.dtype not in SUPPORTED_DTYPES.values():
-        raise TypeError(f"rstd has dtype {arr.dtype}; expected a floating dtype")
-    lead = tuple(x.shape[: x.ndim - len(shape)])
-    if tuple(arr.shape) not in (lead, lead + (1,) * len(shape)):
+def check_stat_shape(
+    stat_shape_: tuple[int, ...], x_shape: tuple[int, ...], shape: tuple[int, ...], name: str
+) -> None:
+    """Raise ValueError unless a saved statistic of shape ``stat_shape_`` fits an input of shape
+    ``x_shape``: ``lead`` or ``lead + (1,)*k``. From shapes only, so device arrays use it too."""
+    lead = tuple(x_shape[: len(x_shape) - len(shape)])
+    if tuple(stat_shape_) not in (lead, lead + (1,) * len(shape)):
         raise ValueError(
-            f"rstd has shape {tuple(arr.shape)}; for input of shape {tuple(x.shape)} and "
+            f"{name} has shape {tuple(stat_shape_)}; for input of shape {tuple(x_shape)} and "
             f"normalized_shape {shape} expected {lead} or {lead + (1,) * len(shape)}"
         )
+
+
+def check_stat_dtype(dtype: np.dtype, name: str, complex_ok: bool = False) -> None:
+    """A saved statistic is real floating (float16, bfloat16, float32, float64); complex only
+    where the computation is complex (``complex_ok``: a complex x in the oracle)."""
+    allowed = SUPPORTED_DTYPES if complex_ok else FLOAT_DTYPES
+    if np.dtype(dtype) not in allowed.values():
+        raise TypeError(
+            f"{name} has dtype {np.dtype(dtype)}; a saved statistic must have a "
+            f"{'floating' if complex_ok else 'real floating'} dtype ({', '.join(allowed)})"
+        )
+
+
+def check_stat(
+    stat: Any, x: np.ndarray, shape: tuple[int, ...], name: str = "rstd"
+) -> np.ndarray | None:
+    """Validate a saved statistic (``rstd``, ``mean``, ``rnorm``) by its own name: shape
+    ``lead`` or ``lead + (1,)*k``, a floating dtype (complex only for complex ``x``); return it
+    as (M, 1)."""
+    if stat is None:
+        return None
+    arr = as_array(stat, name)
+    check_stat_dtype(arr.dtype, name, complex_ok=x.dtype.kind == "c")
+    check_stat_shape(tuple(arr.shape), tuple(x.shape), shape, name)
     return arr.reshape(-1, 1)
+
+
+def check_rstd(rstd: Any, x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
+    """``check_stat`` for a saved rstd."""
+    return check_stat(rstd, x, shape, "rstd")
 
 
 def prepare_input(
@@ -250,6 +329,114 @@ def prepare_input(
     shape = normalize_shape(normalized_shape)
     check_input(arr, shape, name)
     return arr, shape, rows_view(arr, shape)
+
+
+@dataclass(frozen=True)
+class NormInputs:
+    """The checked arguments of one norm call: what every implementation starts from.
+
+    Built by :func:`prepare`, so the oracle and the backends accept and refuse the same
+    arguments with the same errors. Arrays keep their own dtype (each implementation chooses
+    its compute dtype); per-feature parameters are validated against ``shape``.
+    """
+
+    x: np.ndarray  # the input, native byte order, any leading shape
+    shape: tuple[int, ...]  # normalized_shape
+    rows: np.ndarray  # (M, N) view of x (a copy only when its layout needs one)
+    weight: np.ndarray | None  # (*shape) or None
+    bias: np.ndarray | None  # (*shape) or None
+    eps: float  # finite, >= 0
+    offset: float  # the weight is used as offset + weight
+    k_feat: int  # K: features that feed the statistic (N unless partial)
+    others: dict[str, np.ndarray]  # same-shaped arrays by name (dy, residual, ...)
+    stats: dict[str, np.ndarray | None]  # saved statistics by their own name, each (M, 1)
+
+    @property
+    def m(self) -> int:
+        """Number of rows M."""
+        return self.rows.shape[0]
+
+    @property
+    def n(self) -> int:
+        """Features per row N."""
+        return self.rows.shape[1]
+
+
+def prepare(
+    x: Any,
+    normalized_shape: ShapeLike,
+    *,
+    weight: Any = None,
+    bias: Any = None,
+    eps: Any = None,
+    eps_default: float | None = None,
+    offset: Any = 0.0,
+    partial: Any = None,
+    others: dict[str, Any] | None = None,
+    stats: dict[str, Any] | None = None,
+) -> NormInputs:
+    """Check every argument of a norm call once and return them as :class:`NormInputs`.
+
+    Parameters
+    ----------
+    x, normalized_shape, weight, bias, eps, offset, partial
+        As in :func:`rmsref.rms_norm_forward`; ``eps=None`` means ``eps_default`` (or, when
+        that is None, :func:`default_eps` of x's dtype).
+    others : dict, optional
+        Arrays that must have x's shape, by name (``{"dy": dy}``).
+    stats : dict, optional
+        Saved per-row statistics by their own name (``{"mean": mean, "rstd": rstd}``); None
+        values stay None.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Naming the argument and what was received (see :func:`as_array` for the array
+        policies: masked arrays, ``numpy.matrix``, byte order).
+    """
+    arr = as_array(x, "input")
+    shape = normalize_shape(normalized_shape)
+    check_input(arr, shape, "input")
+    checked = {}
+    for name, a in (others or {}).items():
+        checked[name] = as_array(a, name)
+        check_same_shape(checked[name], arr, name)
+    rows = rows_view(arr, shape)
+    return NormInputs(
+        x=arr,
+        shape=shape,
+        rows=rows,
+        weight=check_param(weight, "weight", shape),
+        bias=check_param(bias, "bias", shape),
+        eps=resolve_eps(eps, arr.dtype, eps_default),
+        offset=resolve_offset(offset),
+        k_feat=resolve_partial(partial, rows.shape[1]),
+        others=checked,
+        stats={name: check_stat(s, arr, shape, name) for name, s in (stats or {}).items()},
+    )
+
+
+#: How the fused residual add forms h = x + residual: kept in float32/float64 ("fp32-sum") or
+#: rounded to x's dtype first ("rounded-sum").
+ROUNDINGS = ("fp32-sum", "rounded-sum")
+
+
+def resolve_rounding(rounding: Any) -> bool:
+    """Whether the fused add rounds h to x's dtype; ``rounding`` must be one of ``ROUNDINGS``."""
+    if not isinstance(rounding, str) or rounding not in ROUNDINGS:
+        raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
+    return rounding == "rounded-sum"
+
+
+def check_stat_pair(mean: Any, rstd: Any) -> None:
+    """LayerNorm's saved statistics come together: both or neither."""
+    if (mean is None) != (rstd is None):
+        raise ValueError("pass both mean and rstd (the forward's saved statistics), or neither")
+
+
+def param_as_row(p: np.ndarray | None, ctype: np.dtype) -> np.ndarray | None:
+    """A checked per-feature parameter as a (1, N) row in the compute dtype (or None)."""
+    return None if p is None else p.reshape(1, -1).astype(ctype)
 
 
 def param_row(p: Any, name: str, shape: tuple[int, ...], ctype: np.dtype) -> np.ndarray | None:
@@ -289,8 +476,8 @@ def check_out(
     """
     if out is None:
         return None
-    if not isinstance(out, np.ndarray):
-        raise TypeError(f"{name} must be a NumPy array, got {type(out).__name__}")
+    if type(out) is not np.ndarray:  # a matrix or masked array would not be written as asked
+        raise TypeError(f"{name} must be a NumPy ndarray, got {type(out).__name__}")
     if tuple(out.shape) != tuple(shape):
         raise ValueError(f"{name} has shape {tuple(out.shape)}; the result has shape {shape}")
     if out.dtype != np.dtype(dtype):

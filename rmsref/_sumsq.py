@@ -41,18 +41,24 @@ def needs_scaling(dtype: np.dtype) -> bool:
     return np.dtype(dtype) in (np.dtype(np.float64), np.dtype(np.complex128))
 
 
-def row_exponents(x: np.ndarray, eps: float) -> np.ndarray | None:
+def row_exponents(
+    x: np.ndarray, eps: float, scaled_by: np.ndarray | None = None
+) -> np.ndarray | None:
     """Per-row k (M, 1) so that ``x * 2**-k`` is safe to square, or None when no row needs it.
 
     k is the binary exponent of the row's largest |x| (real and imaginary parts alike; the scale is
     a constant for complex-step purposes). With eps != 0 it is raised so that eps * 2**-2k stays
-    finite: such rows are dominated by eps and need no scaling anyway.
+    finite: such rows are dominated by eps and need no scaling anyway. ``scaled_by``: ``x`` is
+    already scaled by 2**-scaled_by (its values are ``x * 2**scaled_by``); k is then in the units
+    of those values, as if ``x`` had not been scaled.
     """
     mag = np.abs(x.real)
     if x.dtype.kind == "c":
         mag = np.maximum(mag, np.abs(x.imag))
     amax = np.max(mag, axis=-1, keepdims=True)  # (M, 1)
     _, e = np.frexp(amax)  # amax = f * 2**e, f in [0.5, 1); e = 0 for 0, inf, nan
+    if scaled_by is not None:
+        e = np.where(e != 0, e + scaled_by, 0)
     k = np.where(np.abs(e) > SAFE_EXPONENT, e, 0)
     if eps != 0.0:
         k = np.maximum(k, int(np.ceil((np.log2(abs(eps)) - 1000) / 2)))

@@ -85,7 +85,13 @@ def backend_names() -> list[str]:
 
 
 def why_unavailable(name: str) -> str | None:
-    """None when backend ``name`` can be used here, else the reason and how to fix it."""
+    """None when backend ``name`` can be used here, else the reason and how to fix it.
+
+    A backend is available when its optional dependencies are installed, its probe (a GPU, the
+    simulator) finds what it needs, and its module loads: a backend that is installed but fails
+    to load (e.g. a Numba cache directory that cannot be written) is reported with the error, as
+    :func:`why_broken` gives it, never as usable.
+    """
     spec = _spec(name)
     for mod in spec.requires:
         try:
@@ -95,7 +101,23 @@ def why_unavailable(name: str) -> str | None:
         if not found:
             return f"{mod} is not installed; {spec.install_hint}".rstrip("; ")
     if spec.probe is not None:
-        return spec.probe()
+        reason = spec.probe()
+        if reason is not None:
+            return reason
+    return why_broken(name)
+
+
+def why_broken(name: str) -> str | None:
+    """The error when backend ``name``'s module fails to load although what it needs is here
+    (None when it loads, or when it is merely not installed: see :func:`why_unavailable`)."""
+    spec = _spec(name)
+    try:
+        importlib.import_module(spec.module)
+    except Exception as exc:  # noqa: BLE001 - any failure to load is the reason
+        missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+        if missing and missing.split(".")[0] in {r.split(".")[0] for r in spec.requires}:
+            return None  # not installed: why_unavailable says so
+        return f"{spec.module} is installed but cannot be loaded: {type(exc).__name__}: {exc}"
     return None
 
 
@@ -128,6 +150,11 @@ def describe(name: str) -> str:
 
 
 def _spec(name: str) -> BackendSpec:
+    if not isinstance(name, str):
+        raise TypeError(
+            f"backend name must be a str (one of {', '.join(_REGISTRY)}); "
+            f"got {name!r} ({type(name).__name__})"
+        )
     try:
         return _REGISTRY[name]
     except KeyError:

@@ -82,6 +82,8 @@ from typing import Any
 
 import numpy as np
 
+from rmsref._shapes import real_scalar
+
 METHODS = ("complex", "central", "richardson")
 
 #: Default rtol is RTOL_ULPS unit roundoffs of the least precise dtype among the forward's output
@@ -173,6 +175,10 @@ class CheckResult:
         }
 
 
+#: Checks of the callables' structure, not comparisons of derivatives.
+_STRUCTURAL = ("shapes", "reentrancy")
+
+
 class GradcheckResult:
     """What ``gradcheck`` found. Truthy when every check that ran passed.
 
@@ -203,7 +209,12 @@ class GradcheckResult:
 
     @property
     def passed(self) -> bool:
-        return all(c.passed is not False for c in self.checks)
+        """No check failed and at least one comparison was made (all skipped is not a pass)."""
+        return all(c.passed is not False for c in self.checks) and self.compared()
+
+    def compared(self) -> bool:
+        """Whether any comparison check (not the structural ones) ran."""
+        return any(c.passed is not None for c in self.checks if c.name not in _STRUCTURAL)
 
     def __bool__(self) -> bool:
         return self.passed
@@ -230,6 +241,8 @@ class GradcheckResult:
         n_fail = len(self.failures())
         n_run = sum(c.passed is not None for c in self.checks)
         head = "gradcheck: PASSED" if self.passed else f"gradcheck: FAILED ({n_fail} of {n_run})"
+        if not n_fail and not self.compared():
+            head = "gradcheck: NOT CHECKED (every comparison was skipped; see the notes)"
         lines = [f"{head}   method: {self.method}   rtol: {self.settings.get('rtol', 0):.3g}"]
         lines += [f"  note: {n}" for n in self.notes]
         lines.append(f"  {'check':<18} {'input':<12} {'observed':>10} {'tolerance':>10} "
@@ -268,6 +281,32 @@ class GradcheckResult:
 # ----------------------------------------------------------------------------------------------
 # small helpers
 # ----------------------------------------------------------------------------------------------
+
+
+def _tolerance(value: Any, name: str) -> float:
+    """rtol or atol: a finite non-negative real number (a NaN tolerance would pass anything)."""
+    v = real_scalar(value, name)
+    if v < 0:
+        raise ValueError(f"{name} must be a finite non-negative real number; got {value!r}")
+    return v
+
+
+def _non_finite(a: Any) -> str:
+    """'3 NaN/Inf element(s), the first at (1, 2)'."""
+    a = np.asarray(a)
+    bad = np.argwhere(~np.isfinite(a))
+    first = tuple(int(i) for i in bad[0]) if bad.size else ()
+    return f"{len(bad)} NaN/Inf element(s), the first at {first}"
+
+
+def _not_checkable(what: str, problems: list[str], method: str, counts: dict[str, int],
+                   rtol: float | None, atol: float, seed: int) -> GradcheckResult:
+    """A failed result for a point where no derivative can be compared (never a pass)."""
+    note = (f"the {what} has NaN/Inf at this point ({'; '.join(problems)}): a derivative "
+            "there cannot be checked")
+    check = CheckResult(what, None, False, math.nan, 0.0, math.inf, note=note)
+    return GradcheckResult([check], method, [note], counts,
+                           {"rtol": rtol or 0.0, "atol": atol, "seed": seed})
 
 
 def _ratio(err: float, tol: float) -> float:
@@ -352,15 +391,55 @@ def _absdot(a: Sequence[np.ndarray | None], b: Sequence[np.ndarray | None]) -> f
 
 
 class _Counted:
-    """A callable that counts its calls into a shared dict (real and complex separately)."""
+    """A callable that counts its calls into a shared dict (real and complex separately) and
+    checks what it returns with ``expect(out, name)`` (``_expect_arrays`` for a forward or a
+    JVP, ``_expect_grads`` for a backward), so that a user's callable returning the wrong thing
+    is reported naming the callable and what it returned, not as an error deep inside."""
 
-    def __init__(self, fn: Callable[..., Any], name: str, counts: dict[str, int]) -> None:
-        self.fn, self.name, self.counts = fn, name, counts
+    def __init__(self, fn: Callable[..., Any], name: str, counts: dict[str, int],
+                 expect: Callable[[Any, str], None] | None = None) -> None:
+        self.fn, self.name, self.counts, self.expect = fn, name, counts, expect
 
     def __call__(self, *args: Any, complex_: bool = False) -> Any:
         key = f"{self.name}_complex" if complex_ else self.name
         self.counts[key] = self.counts.get(key, 0) + 1
-        return self.fn(*args)
+        out = self.fn(*args)
+        if self.expect is not None:
+            self.expect(out, self.name)
+        return out
+
+
+def _what(out: Any) -> str:
+    """A short description of a returned value for an error message."""
+    if isinstance(out, np.ndarray):
+        return f"an array of shape {out.shape} and dtype {out.dtype}"
+    if isinstance(out, (tuple, list)):
+        return f"a {type(out).__name__} of {len(out)}: ({', '.join(_what(o) for o in out)})"
+    return "None" if out is None else f"{type(out).__name__} {out!r:.40}"
+
+
+def _is_numeric(a: Any) -> bool:
+    return np.asarray(a).dtype.kind in "fc" or np.asarray(a).dtype.name == "bfloat16"
+
+
+def _expect_arrays(out: Any, name: str) -> None:
+    parts = out if isinstance(out, (tuple, list)) else [out]
+    if len(parts) == 0 or any(o is None or not _is_numeric(o) for o in parts):
+        raise TypeError(f"{name} returned {_what(out)}; expected a floating array or a tuple of "
+                        "floating arrays")
+
+
+def _expect_grads(out: Any, name: str, n_in: int) -> None:
+    if not isinstance(out, (tuple, list)):
+        raise TypeError(f"{name} returned {_what(out)}; expected a tuple of {n_in} gradients "
+                        "(one per input, None where there is none)")
+    if len(out) != n_in:
+        raise ValueError(f"{name} returned {len(out)} gradient(s) for {n_in} inputs: "
+                         f"{_what(out)}")
+    for k, g in enumerate(out):
+        if g is not None and not _is_numeric(g):
+            raise TypeError(f"{name} returned {_what(g)} as gradient {k}; expected a floating "
+                            "array or None")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -670,6 +749,8 @@ class _Worst:
         self.overflowed = 0
 
     def add(self, err: float, scale: float, tol: float, index: int = 0) -> None:
+        # The point and the forward are finite (checked first), so a NaN scale here is an
+        # overflow (inf·0 or inf − inf in the terms): counted with the overflows.
         if not (math.isfinite(tol) and math.isfinite(scale)) or 0 < max(scale, tol) < _SUBNORMAL:
             self.overflowed += 1
             return
@@ -846,17 +927,28 @@ def gradcheck(
                 raise ValueError(f"wrt index {k} must name a real floating array input ({got})")
     if n_directions < 1:
         raise ValueError(f"n_directions must be >= 1, got {n_directions}")
+    if rtol is not None:
+        rtol = _tolerance(rtol, "rtol")
+    atol = _tolerance(atol, "atol")
 
     counts: dict[str, int] = {}
-    fwd = _Counted(forward, "forward", counts)
-    bwd = _Counted(backward, "backward", counts)
+    fwd = _Counted(forward, "forward", counts, _expect_arrays)
+    bwd = _Counted(backward, "backward", counts, functools.partial(_expect_grads, n_in=n_in))
     rng = np.random.default_rng(seed)
     checks: list[CheckResult] = []
     notes: list[str] = []
     originals = [a.copy() if isinstance(a, np.ndarray) else a for a in inputs]
 
     # --- the point: output structure, dtypes ------------------------------------------------
+    not_finite = [f"{names[k]}: {_non_finite(inputs[k])}" for k in diff
+                  if not np.all(np.isfinite(inputs[k]))]
+    if not_finite:
+        return _not_checkable("input", not_finite, method, counts, rtol, atol, seed)
     y, multi = _as_list(fwd(*inputs))
+    not_finite = [f"output {o}: {_non_finite(yo)}" for o, yo in enumerate(y)
+                  if not np.all(np.isfinite(yo))]
+    if not_finite:
+        return _not_checkable("forward", not_finite, method, counts, rtol, atol, seed)
     pack_dy: Callable[[list[np.ndarray]], Any] = (lambda ds: tuple(ds)) if multi else (
         lambda ds: ds[0])
     n_out = len(y)
@@ -957,7 +1049,7 @@ def gradcheck(
 
     # --- (b) analytic JVP vs analytic VJP -------------------------------------------------------
     if jvp is not None:
-        jvp_c = _Counted(jvp, "jvp", counts)
+        jvp_c = _Counted(jvp, "jvp", counts, _expect_arrays)
 
         def jvp_dirs(k: int, v: np.ndarray):
             tans = [None] * n_in

@@ -32,11 +32,13 @@ from rmsref._shapes import (
     ShapeLike,
     as_array,
     check_out,
-    check_rstd,
     check_same_shape,
+    check_stat_pair,
     compute_dtype,
     into_out,
+    param_as_row,
     param_row,
+    prepare,
     prepare_input,
     resolve_eps,
     resolve_out_dtype,
@@ -80,10 +82,17 @@ def _ln_stats_rows(xr: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray, 
     correction = np.mean(xc, axis=-1, keepdims=True)  # (M, 1)
     xc = xc - correction
     mu = mu + correction
+    # The variance needs the scale of the centred values, not of x: a constant row at 1e300 has
+    # xc = 0, and in x's scale eps (2^-2k·eps) underflows to 0, giving 0/0 for xhat.
+    kc = None
+    if k is not None:
+        kc = _sumsq.row_exponents(xc, eps, k)
+        kc = np.zeros_like(k) if kc is None else kc
+        xc = _sumsq.scale_rows(xc, kc - k)  # (M, N)  x − mu in units of 2^kc, exact
     var = _sumsq.sum_of_squares(xc) / xs.shape[-1]  # (M, 1)  eq. (3)
-    denom = np.sqrt(var + _sumsq.scale_eps(eps, k))  # (M, 1)
+    denom = np.sqrt(var + _sumsq.scale_eps(eps, kc))  # (M, 1)
     xhat = xc / denom  # (M, N)  eq. (5)
-    return xhat, _sumsq.unscale(mu, k, 1), _sumsq.unscale(1.0 / denom, k, -1)
+    return xhat, _sumsq.unscale(mu, k, 1), _sumsq.unscale(1.0 / denom, kc, -1)
 
 
 def _ln_dx_rows(dxhat: np.ndarray, xhat: np.ndarray, rstd: np.ndarray) -> np.ndarray:
@@ -131,15 +140,13 @@ def layer_norm_forward(
     ``x.shape[:-k] + (1,) * k``: O(rows) statistics, all the backward needs besides x.
     ``out``: where to write y (as :func:`rmsref.rms_norm`).
     """
-    x, shape, xrows = prepare_input(x, normalized_shape)
-    weight_arr = None if weight is None else as_array(weight, "weight")
+    a = prepare(x, normalized_shape, weight=weight, bias=bias, eps=eps, eps_default=DEFAULT_EPS)
+    x, shape, xrows, m, n, eps, weight_arr = a.x, a.shape, a.rows, a.m, a.n, a.eps, a.weight
     ctype = compute_dtype(x, weight_arr)
-    eps = resolve_eps(eps, x.dtype, default=DEFAULT_EPS)
     dtype = result_dtype(resolve_out_dtype(out_dtype, x), ctype)
-    m, n = xrows.shape
-    wt = _scale_offset(param_row(weight_arr, "weight", shape, ctype), 0.0, n, ctype)
-    b = param_row(bias, "bias", shape, ctype)
-    out = check_out(out, x.shape, dtype, {"x": x, "weight": weight_arr, "bias": bias})
+    wt = _scale_offset(param_as_row(weight_arr, ctype), 0.0, n, ctype)
+    b = param_as_row(a.bias, ctype)
+    out = check_out(out, x.shape, dtype, {"x": x, "weight": weight_arr, "bias": a.bias})
 
     y = rows_into(out, m, n, dtype)  # (M, N)
     mean = np.empty((m, 1), ctype)
@@ -173,20 +180,14 @@ def layer_norm_backward(
     they are; otherwise they are recomputed from ``x``. ``out``: where to write dx (as
     :func:`rmsref.rms_norm_backward`).
     """
-    x, shape, xrows = prepare_input(x, normalized_shape)
-    dy_arr = as_array(dy, "dy")
-    check_same_shape(dy_arr, x, "dy")
-    weight_arr = None if weight is None else as_array(weight, "weight")
-    bias_arr = None if bias is None else as_array(bias, "bias")
+    check_stat_pair(mean, rstd)
+    a = prepare(x, normalized_shape, weight=weight, bias=bias, eps=eps, eps_default=DEFAULT_EPS,
+                others={"dy": dy}, stats={"mean": mean, "rstd": rstd})
+    x, shape, xrows, m, n, eps = a.x, a.shape, a.rows, a.m, a.n, a.eps
+    dy_arr, weight_arr, bias_arr = a.others["dy"], a.weight, a.bias
     ctype = compute_dtype(x, dy_arr, weight_arr)
-    eps = resolve_eps(eps, x.dtype, default=DEFAULT_EPS)
-    m, n = xrows.shape
-    wt = _scale_offset(param_row(weight_arr, "weight", shape, ctype), 0.0, n, ctype)
-    param_row(bias_arr, "bias", shape, ctype)
-    if (mean is None) != (rstd is None):
-        raise ValueError("pass both mean and rstd (the forward's saved statistics), or neither")
-    saved_mean = check_rstd(mean, x, shape)
-    saved_rstd = check_rstd(rstd, x, shape)
+    wt = _scale_offset(param_as_row(weight_arr, ctype), 0.0, n, ctype)
+    saved_mean, saved_rstd = a.stats["mean"], a.stats["rstd"]
     dyrows = dy_arr.reshape(m, n)
     dx_dtype = result_dtype(x.dtype, ctype)
     out = check_out(out, x.shape, dx_dtype, {"dy": dy_arr, "x": x, "weight": weight_arr,

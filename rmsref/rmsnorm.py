@@ -43,18 +43,22 @@ from rmsref import _sumsq
 from rmsref._module import NormModule
 from rmsref._rounding import round_to
 from rmsref._shapes import (
+    NormInputs,
     ShapeLike,
     as_array,
     check_out,
-    check_rstd,
     check_same_shape,
     compute_dtype,
     into_out,
+    param_as_row,
     param_row,
+    prepare,
     prepare_input,
     resolve_eps,
+    resolve_offset,
     resolve_out_dtype,
     resolve_partial,
+    resolve_rounding,
     result_dtype,
     rows_into,
     stat_shape,
@@ -116,7 +120,8 @@ def _stats_rows(
     (unit-norm, :mod:`rmsref.unitnorm`).
     """
     divisor = k_feat if divisor is None else divisor
-    k = _sumsq.row_exponents(xr, eps) if _sumsq.needs_scaling(xr.dtype) else None
+    # the scale comes from the K features that feed the statistic (pRMSNorm: not the rest)
+    k = _sumsq.row_exponents(xr[:, :k_feat], eps) if _sumsq.needs_scaling(xr.dtype) else None
     xs = _sumsq.scale_rows(xr, k)  # (M, N)  x · 2^-k, exact
     ms = _sumsq.sum_of_squares(xs[:, :k_feat]) / divisor  # (M, 1)  eq. (1), scaled units
     denom = np.sqrt(ms + _sumsq.scale_eps(eps, k))  # (M, 1)  sqrt(ms + eps), scaled units
@@ -164,8 +169,9 @@ class _ColumnSum:
         return self.total + self.err
 
 
-def _scale_offset(weight: np.ndarray | None, offset: float, n: int, ctype: np.dtype) -> np.ndarray:
+def _scale_offset(weight: np.ndarray | None, offset: Any, n: int, ctype: np.dtype) -> np.ndarray:
     """The weight as used, (1, N): offset + w, or ones when there is no weight."""
+    offset = resolve_offset(offset)
     if weight is None:
         return np.full((1, n), 1.0 + offset, ctype) if offset else np.ones((1, n), ctype)
     return weight + offset if offset else weight
@@ -205,18 +211,27 @@ def rms_norm(
     ----------
     x : array_like
         Input of any leading shape whose trailing dims are ``normalized_shape``. float16,
-        bfloat16 (ml_dtypes), float32, float64, complex64 or complex128.
+        bfloat16 (ml_dtypes), float32, float64, complex64 or complex128. The same rules hold
+        for every array argument of every function and backend: other dtypes (integers, bool)
+        are a ``TypeError`` naming the argument; masked arrays (``numpy.ma``) are refused with a
+        ``TypeError`` (a norm over a row with holes has no single meaning: pass
+        ``x.filled(value)`` or ``x.data``); ``numpy.matrix`` and other ndarray subclasses are
+        used as the plain ndarray they hold; big-endian arrays are converted to native byte
+        order (same values).
     normalized_shape : int or tuple of int
         The trailing dims that form one row (normalised together).
     weight : array_like, optional
         Per-feature scale of shape ``normalized_shape``.
     eps : float, optional
-        Added to the mean of squares. ``None`` means ``finfo(float32).eps`` for float16, bfloat16
-        and float32 inputs and ``finfo(float64).eps`` for float64 (current PyTorch).
+        Added to the mean of squares: a finite, non-negative real Python or NumPy scalar
+        (bool, str, complex, arrays: ``TypeError``; NaN, ±inf, negative: ``ValueError``).
+        ``None`` means ``finfo(float32).eps`` for float16, bfloat16 and float32 inputs and
+        ``finfo(float64).eps`` for float64 (current PyTorch).
     out : numpy.ndarray, optional
-        Where to write the result: x's shape and the result's dtype exactly, writeable, not
-        overlapping any input (every backend takes it; the Numba kernels then skip allocating
-        and first-touching a new output, which is most of a call's overhead on large inputs).
+        Where to write the result: a plain ``numpy.ndarray`` (not a matrix or masked array) of
+        x's shape and the result's dtype exactly, writeable, not overlapping any input (every
+        backend takes it; the Numba kernels then skip allocating and first-touching a new
+        output, which is most of a call's overhead on large inputs).
 
     Returns
     -------
@@ -257,7 +272,8 @@ def rms_norm_forward(
     bias : array_like, optional
         Per-feature shift of shape ``normalized_shape`` (flash-attn, Equinox).
     offset : float, default 0.0
-        The weight is used as ``offset + weight`` (Gemma's zero-centred weight uses 1.0).
+        The weight is used as ``offset + weight`` (Gemma's zero-centred weight uses 1.0). A
+        finite real Python or NumPy scalar, else an error naming ``offset``.
     partial : float in (0, 1], optional
         pRMSNorm: the RMS is estimated from the first ``floor(N * partial)`` features of each
         row (in flattened order); all features are normalised.
@@ -275,22 +291,20 @@ def rms_norm_forward(
         ``1 / sqrt(ms + eps)`` per row, float64 (complex128 for complex ``x``), shape
         ``x.shape[:-k] + (1,) * k`` for ``k = len(normalized_shape)`` so that it broadcasts.
     """
-    x, shape, xrows = prepare_input(x, normalized_shape)
-    weight_arr = as_array(weight, "weight") if weight is not None else None
-    ctype = compute_dtype(x, weight_arr)
-    eps = resolve_eps(eps, x.dtype)
+    a = prepare(x, normalized_shape, weight=weight, bias=bias, eps=eps, offset=offset,
+                partial=partial)
+    x, shape, xrows, k_feat, m, n = a.x, a.shape, a.rows, a.k_feat, a.m, a.n
+    ctype = compute_dtype(x, a.weight)
     dtype = result_dtype(resolve_out_dtype(out_dtype, x), ctype)
-    m, n = xrows.shape
-    k_feat = resolve_partial(partial, n)
-    wt = _scale_offset(param_row(weight_arr, "weight", shape, ctype), offset, n, ctype)
-    b = param_row(bias, "bias", shape, ctype)
-    out = check_out(out, x.shape, dtype, {"x": x, "weight": weight_arr, "bias": bias})
+    wt = _scale_offset(param_as_row(a.weight, ctype), a.offset, n, ctype)
+    b = param_as_row(a.bias, ctype)
+    out = check_out(out, x.shape, dtype, {"x": x, "weight": a.weight, "bias": a.bias})
 
     y = rows_into(out, m, n, dtype)  # (M, N)
     rstd = np.empty((m, 1), ctype)
-    with np.errstate(all="ignore"):  # NaN/Inf and eps < 0 rows propagate as PyTorch's do
+    with np.errstate(all="ignore"):  # NaN/Inf rows propagate as PyTorch's do
         for rows in _sumsq.row_chunks(m, n):
-            xhat, rstd[rows] = _stats_rows(xrows[rows].astype(ctype), eps, k_feat)
+            xhat, rstd[rows] = _stats_rows(xrows[rows].astype(ctype), a.eps, k_feat)
             yr = xhat * wt  # (m, N)  eq. (4)
             if b is not None:
                 yr += b
@@ -325,8 +339,10 @@ def rms_norm_backward(
     x, normalized_shape, weight, eps, bias, offset, partial
         As in :func:`rms_norm_forward`.
     rstd : array_like, optional
-        The statistic saved by the forward (shape ``lead`` or ``lead + (1,)*k``). When given it
-        is used as is (as a kernel would use its own saved statistic); else it is recomputed.
+        The statistic saved by the forward (shape ``lead`` or ``lead + (1,)*k``; a real floating
+        dtype, complex only for complex ``x``). When given it is used as is (as a kernel would
+        use its own saved statistic); else it is recomputed. Errors name it (as ``mean`` and
+        ``rnorm`` are named in the LayerNorm and unit-norm backwards).
     out : numpy.ndarray, optional
         Where to write ``dx`` (x's shape and dx's dtype; as in :func:`rms_norm`).
 
@@ -337,18 +353,13 @@ def rms_norm_backward(
         ``dbias`` in the parameter's dtype, or None when that parameter is None. Gradients are
         returned, never accumulated.
     """
-    x, shape, xrows = prepare_input(x, normalized_shape)
-    dy_arr = as_array(dy, "dy")
-    check_same_shape(dy_arr, x, "dy")
-    weight_arr = as_array(weight, "weight") if weight is not None else None
-    bias_arr = as_array(bias, "bias") if bias is not None else None
+    a = prepare(x, normalized_shape, weight=weight, bias=bias, eps=eps, offset=offset,
+                partial=partial, others={"dy": dy}, stats={"rstd": rstd})
+    x, shape, xrows, k_feat, m, n, eps = a.x, a.shape, a.rows, a.k_feat, a.m, a.n, a.eps
+    dy_arr, weight_arr, bias_arr = a.others["dy"], a.weight, a.bias  # the bias enters no result
     ctype = compute_dtype(x, dy_arr, weight_arr)
-    eps = resolve_eps(eps, x.dtype)
-    m, n = xrows.shape
-    k_feat = resolve_partial(partial, n)
-    wt = _scale_offset(param_row(weight_arr, "weight", shape, ctype), offset, n, ctype)
-    param_row(bias_arr, "bias", shape, ctype)  # validated; the bias does not enter dx or dweight
-    saved = check_rstd(rstd, x, shape)
+    wt = _scale_offset(param_as_row(weight_arr, ctype), a.offset, n, ctype)
+    saved = a.stats["rstd"]
     dyrows = dy_arr.reshape(m, n)
     dx_dtype = result_dtype(x.dtype, ctype)
     out = check_out(out, x.shape, dx_dtype, {"dy": dy_arr, "x": x, "weight": weight_arr,
@@ -422,7 +433,7 @@ def rms_norm_backward_staged(
         std = np.sqrt(v)  # (M, 1)  node 4
         rstd_ = 1.0 / std  # (M, 1)  node 5, eq. (2)
         xhat = x * rstd_  # (M, N)  node 6, eq. (3)
-        wt = (np.ones((1, n), ctype) if w is None else w) + offset  # (1, N)  node 7
+        wt = (np.ones((1, n), ctype) if w is None else w) + resolve_offset(offset)  # (1, N)  node 7
         # node 8: y = xhat * wt + b
 
         # backward, nodes reversed
@@ -608,26 +619,24 @@ def rms_norm_double_backward(
 # Fused residual add + RMSNorm
 # --------------------------------------------------------------------------------------------
 
-_ROUNDINGS = ("fp32-sum", "rounded-sum")
-
 
 def _residual_sum(
     x: np.ndarray, residual: np.ndarray, rounding: str, ctype: np.dtype
 ) -> np.ndarray:
     """h = x + residual, in the compute dtype; rounded to x's dtype first for "rounded-sum"."""
-    if rounding not in _ROUNDINGS:
-        raise ValueError(f"rounding must be one of {_ROUNDINGS}, got {rounding!r}")
+    resolve_rounding(rounding)
     h = x.astype(ctype) + residual.astype(ctype)
     if rounding == "rounded-sum":
         h = round_to(h, x.dtype).astype(ctype)
     return h
 
 
-def _prepare_residual(x: Any, residual: Any, normalized_shape: ShapeLike):
-    x_arr, shape, xrows = prepare_input(x, normalized_shape)
-    res = as_array(residual, "residual")
-    check_same_shape(res, x_arr, "residual")
-    return x_arr, res, shape, xrows, res.reshape(xrows.shape)
+def _prepare_residual(x: Any, residual: Any, normalized_shape: ShapeLike, rounding: Any,
+                      **kwargs: Any) -> NormInputs:
+    """The checked arguments of a fused call (``residual`` and any ``others`` x-shaped)."""
+    resolve_rounding(rounding)
+    others = {"residual": residual, **kwargs.pop("others", {})}
+    return prepare(x, normalized_shape, others=others, **kwargs)
 
 
 def add_rms_norm(
@@ -667,12 +676,13 @@ def add_rms_norm_forward(
     offset: float = 0.0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`add_rms_norm` that also returns rstd: ``(y, new_residual, rstd)``."""
-    x_arr, res, shape, xrows, rrows = _prepare_residual(x, residual, normalized_shape)
-    weight_arr = None if weight is None else as_array(weight, "weight")
-    ctype = compute_dtype(x_arr, res, weight_arr)
-    eps = resolve_eps(eps, x_arr.dtype)
-    m, n = xrows.shape
-    wt = _scale_offset(param_row(weight_arr, "weight", shape, ctype), offset, n, ctype)
+    a = _prepare_residual(x, residual, normalized_shape, rounding, weight=weight, eps=eps,
+                          offset=offset)
+    x_arr, shape, xrows, m, n, eps = a.x, a.shape, a.rows, a.m, a.n, a.eps
+    res = a.others["residual"]
+    rrows = res.reshape(xrows.shape)
+    ctype = compute_dtype(x_arr, res, a.weight)
+    wt = _scale_offset(param_as_row(a.weight, ctype), a.offset, n, ctype)
 
     y = np.empty((m, n), result_dtype(x_arr.dtype, ctype))
     new_res = np.empty((m, n), result_dtype(res.dtype, ctype))
@@ -709,18 +719,16 @@ def add_rms_norm_backward(
 
     ``dresidual_out`` (∂L/∂new_residual) may be None (the residual stream is not used later).
     """
-    x_arr, res, shape, xrows, rrows = _prepare_residual(x, residual, normalized_shape)
-    dy_arr = as_array(dy, "dy")
-    check_same_shape(dy_arr, x_arr, "dy")
-    dres_out = None if dresidual_out is None else as_array(dresidual_out, "dresidual_out")
-    if dres_out is not None:
-        check_same_shape(dres_out, x_arr, "dresidual_out")
-    weight_arr = None if weight is None else as_array(weight, "weight")
+    others = {"dy": dy} if dresidual_out is None else {"dy": dy, "dresidual_out": dresidual_out}
+    a = _prepare_residual(x, residual, normalized_shape, rounding, weight=weight, eps=eps,
+                          offset=offset, others=others, stats={"rstd": rstd})
+    x_arr, shape, xrows, m, n, eps = a.x, a.shape, a.rows, a.m, a.n, a.eps
+    res = a.others["residual"]
+    rrows = res.reshape(xrows.shape)
+    dy_arr, dres_out, weight_arr = a.others["dy"], a.others.get("dresidual_out"), a.weight
     ctype = compute_dtype(x_arr, res, dy_arr, weight_arr)
-    eps = resolve_eps(eps, x_arr.dtype)
-    m, n = xrows.shape
-    wt = _scale_offset(param_row(weight_arr, "weight", shape, ctype), offset, n, ctype)
-    saved = check_rstd(rstd, x_arr, shape)
+    wt = _scale_offset(param_as_row(weight_arr, ctype), a.offset, n, ctype)
+    saved = a.stats["rstd"]
     dyrows = dy_arr.reshape(m, n)
 
     dx = np.empty((m, n), result_dtype(x_arr.dtype, ctype))

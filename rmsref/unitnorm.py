@@ -31,8 +31,8 @@ from rmsref._shapes import (
     ShapeLike,
     as_array,
     check_out,
-    check_rstd,
     check_same_shape,
+    check_stat,
     compute_dtype,
     into_out,
     param_row,
@@ -142,7 +142,7 @@ def unit_norm_backward(
     m, n = xrows.shape
     wt = _scale_offset(param_row(weight_arr, "weight", shape, ctype), 0.0, n, ctype)
     param_row(bias_arr, "bias", shape, ctype)
-    saved = check_rstd(rnorm, x, shape)
+    saved = check_stat(rnorm, x, shape, "rnorm")
     dyrows = dy_arr.reshape(m, n)
     dx_dtype = result_dtype(x.dtype, ctype)
     out = check_out(out, x.shape, dx_dtype, {"dy": dy_arr, "x": x, "weight": weight_arr,

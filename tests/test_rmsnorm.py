@@ -301,8 +301,8 @@ def test_zero_rows_and_negative_eps():
     y = rmsref.rms_norm(np.zeros((2, 3)), 3, eps=1e-6)
     np.testing.assert_array_equal(y, 0.0)
     assert np.all(np.isnan(rmsref.rms_norm(np.zeros((1, 3)), 3, eps=0.0)))
-    y = rmsref.rms_norm(np.array([[0.1, 0.1], [2.0, 2.0]]), 2, eps=-0.5)  # ms+eps = -0.49, 3.5
-    assert np.all(np.isnan(y[0])) and np.all(np.isfinite(y[1]))
+    with pytest.raises(ValueError, match="eps must be a finite non-negative"):
+        rmsref.rms_norm(np.array([[0.1, 0.1], [2.0, 2.0]]), 2, eps=-0.5)
 
 
 def test_chunking_does_not_change_bits(rng, monkeypatch):
@@ -459,9 +459,10 @@ def test_bad_input_raises_named_error(call, exc, fragment):
     assert fragment in str(info.value)
 
 
-def test_negative_eps_is_accepted():
-    y = rmsref.rms_norm(np.array([[3.0, 4.0]]), 2, eps=-0.5)  # ms = 12.5
-    np.testing.assert_allclose(y, np.array([[3.0, 4.0]]) / math.sqrt(12.0))
+def test_negative_eps_is_refused():
+    """mean(x²) + eps could be zero or negative: a NaN, not a norm (PyTorch accepts it)."""
+    with pytest.raises(ValueError, match="got -0.5"):
+        rmsref.rms_norm(np.array([[3.0, 4.0]]), 2, eps=-0.5)
 
 
 # ---------------------------------------------------------------- the module class

@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from rmsref.commands import _args
+
 NAME = "check"
 HELP = "verify rmsref: identities, gradient checks, fast backends against the oracle"
 DESCRIPTION = """\
@@ -154,7 +156,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "for every dtype (about 10-25 s each, once)",
     )
     parser.add_argument(
-        "--json", metavar="FILE",
+        "--json", metavar="FILE", type=_args.writable_file,
         help="also write every result (with the identities' parts) to FILE as JSON",
     )
     parser.add_argument(
@@ -169,7 +171,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "or matches it as a glob when it has * ? or [ ; repeatable",
     )
     parser.add_argument(
-        "--seed", metavar="N", type=int, default=0,
+        "--seed", metavar="N", type=_args.seed, default=0,
         help="seed of every random input (default 0); any seed should pass",
     )
     parser.add_argument(
@@ -292,6 +294,7 @@ def _backend_loader(name: str) -> Callable[[], Any]:
 def _plan(args: argparse.Namespace) -> tuple[list[Check], list[str]]:
     """Every check of this run, in order, and the backends covered."""
     import rmsref
+    from rmsref import backends
 
     seed, quick = args.seed, args.quick
     checks = _identity_checks("identities", seed, quick, None)
@@ -315,6 +318,13 @@ def _plan(args: argparse.Namespace) -> tuple[list[Check], list[str]]:
             reason = ("NUMBA_ENABLE_CUDASIM=1: the CUDA simulator runs every GPU thread in "
                       "Python, too slow for the default run; `rmsref check --backend "
                       f"{name} --quick` checks it on small shapes")
+        broken = backends.why_broken(name) if reason is not None else None
+        if broken is not None:  # installed but cannot run: a failure, not a skip
+            def fail(broken: str = broken) -> tuple:
+                raise RuntimeError(broken)
+
+            checks.append(Check(name, "cannot load", fail))
+            continue
         if reason is not None:
             def skip(reason: str = reason) -> tuple:
                 raise _Skip(reason)

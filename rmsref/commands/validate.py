@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rmsref.commands import _args
+
 NAME = "validate"
 HELP = "validate an RMSNorm implementation (torch, a module, or package.module:function)"
 DESCRIPTION = """\
@@ -37,21 +39,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="input dtype (repeatable; default: float32, bfloat16, float16)")
     parser.add_argument("--probes", default="all",
                         help=f"comma-separated probes (default: all): {', '.join(ALL_PROBES)}")
-    parser.add_argument("--eps", type=float, default=None,
+    parser.add_argument("--eps", type=_args.eps, default=None,
                         help="eps passed to every probe (default: the implementation's default)")
-    parser.add_argument("--eps-default", type=float, default=None, metavar="EPS",
+    parser.add_argument("--eps-default", type=_args.eps, default=None, metavar="EPS",
                         help="the eps the implementation uses when given none (default: what "
                              "it declares, e.g. a module's variance_epsilon, else the "
                              "convention's)")
     parser.add_argument("--normalized-dims", choices=("any", "last"), default=None,
                         help="'last' when it normalises the last dimension only (default: what "
                              "it declares, else 'any')")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the probe inputs")
+    parser.add_argument("--seed", type=_args.seed, default=0, help="seed of the probe inputs")
     parser.add_argument("--framework", default="auto", choices=("auto", "numpy", "torch", "jax"),
                         help="adapter to use (default: decided from the object)")
     parser.add_argument("--deterministic", action="store_true",
                         help="use the deterministic (worst-case) accumulation bound")
-    parser.add_argument("--json", metavar="FILE", help="also write the full report as JSON")
+    parser.add_argument("--json", metavar="FILE", type=_args.writable_file,
+                        help="also write the full report as JSON")
     parser.add_argument("--no-progress", action="store_true", help="no progress display")
 
 

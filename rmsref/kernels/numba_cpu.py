@@ -3,6 +3,10 @@ r"""Numba-parallel CPU kernels for RMSNorm (and LayerNorm, written the same way 
 ``rmsref.backend("numba_cpu")`` is this module: the oracle's function names and signatures
 (docs/kernels.md), computed by ``@njit(parallel=True)`` kernels. The math is the oracle's, eqs.
 (1)-(9) of :mod:`rmsref.rmsnorm` and (1)-(11) of :mod:`rmsref.layernorm`; read those first.
+Arguments are checked by the oracle's own contract (:func:`rmsref._shapes.prepare`: the same
+rules for eps, offset, partial, saved statistics, masked arrays, ``numpy.matrix`` and byte order,
+in the same order, so both raise the same error for the same call), plus one rule of this
+backend: real dtypes only (complex inputs are a ``TypeError``; use the oracle).
 
 Variants (llm.c style: each line says what changed from the previous one)
 -------------------------------------------------------------------------
@@ -107,19 +111,17 @@ from numba import njit, prange
 
 from rmsref._rounding import round_to
 from rmsref._shapes import (
+    NormInputs,
     ShapeLike,
-    as_array,
     bfloat16,
-    check_input,
     check_out,
-    check_rstd,
-    check_same_shape,
+    check_stat_pair,
     into_out,
-    normalize_shape,
+    prepare,
     reshape_view,
-    resolve_eps,
+    resolve_offset,
     resolve_out_dtype,
-    resolve_partial,
+    resolve_rounding,
     stat_shape,
 )
 from rmsref.kernels._halfbits import BF16_BITS, F16_BITS, from_f64, to_f64
@@ -153,9 +155,14 @@ SS_HI = 2.0**1000
 #: +-SAFE_EXPONENT are never scaled.
 SAFE_EXPONENT = 450
 
-_PAR = {"parallel": True, "nogil": True, "cache": True}  # fastmath stays off (the default)
+#: fastmath stays off (the default). error_model="numpy": a division by zero gives inf/NaN as
+#: NumPy's does (an all-zero row with eps = 0 is NaN, as in the oracle), where Numba's default
+#: "python" model raises ZeroDivisionError inside a kernel (a SystemError for the caller).
+_PAR = {"parallel": True, "nogil": True, "cache": True, "error_model": "numpy"}
 #: Row helpers are inlined into the kernels at the Numba IR level (see the note above them).
-_INL = {"inline": "always", "nogil": True}
+_INL = {"inline": "always", "nogil": True, "error_model": "numpy"}
+#: Serial helpers that are not inlined (the rare paths, the column sum).
+_SER = {"nogil": True, "cache": True, "error_model": "numpy"}
 
 _HALF_VIEWS = {np.dtype(np.float16): F16_BITS, bfloat16: BF16_BITS}
 _FLOAT_DTYPES = (np.dtype(np.float16), bfloat16, np.dtype(np.float32), np.dtype(np.float64))
@@ -324,11 +331,11 @@ def _rstd_from_sumsq(ss, x3, b, i, kf, eps):
     return _rstd_scaled(ss, x3, b, i, kf, eps)
 
 
-@njit(nogil=True, cache=True)
+@njit(**_SER)
 def _rstd_scaled(ss, x3, b, i, kf, eps):
     """The rare path of ``_rstd_from_sumsq`` (not inlined: it would only bloat every kernel)."""
     amax = 0.0
-    for j in range(x3.shape[2]):
+    for j in range(kf):  # the features that feed the statistic (pRMSNorm: not the rest)
         a = abs(to_f64(x3[b, i, j]))
         if not a <= amax:  # NaN gets through too, so a NaN row keeps k = 0
             amax = a
@@ -340,6 +347,24 @@ def _rstd_scaled(ss, x3, b, i, kf, eps):
         v = math.ldexp(to_f64(x3[b, i, j]), -k)
         ss_s += v * v
     return 1.0 / math.sqrt(ss_s / kf + math.ldexp(eps, -2 * k)), k
+
+
+@njit(**_INL)
+def _rstd_saved(rstd):
+    """(rstd_s, k) of a saved rstd, as ``_rstd_from_sumsq`` gives for a recomputed one:
+    rstd = rstd_s·2^-k. A row whose rstd lies outside 2^+-SAFE_EXPONENT has x (~1/rstd) outside
+    it too, so Σ dxhat·x is summed scaled by 2^-k, k = -(rstd's exponent), as the path without a
+    saved rstd does; any other row keeps k = 0 (the same operations as before, the same bits)."""
+    if rstd == rstd and rstd != math.inf and rstd != 0.0:
+        e = math.frexp(rstd)[1]
+        if abs(e) > SAFE_EXPONENT:
+            return math.ldexp(rstd, -e), -e
+    return rstd, 0
+
+
+def _saved_rstd_in_range(rstd: np.ndarray) -> bool:
+    """True when no saved rstd needs scaling (``_rstd_saved`` gives k = 0 for every row)."""
+    return bool(np.all(np.abs(np.frexp(rstd)[1]) <= SAFE_EXPONENT))
 
 
 @njit(**_INL)
@@ -453,12 +478,33 @@ def _zero_part(parts, p):
 
 
 @njit(**_INL)
+def _coef(s, g3, x3, b, i, w, kf, rstd_s, k):
+    """c of eq. (6), s·rstd_s/K from s = Σ_{j<K} dxhat_j·x_j·2^-k. When s left
+    [SS_LO, SS_HI] (a dy so large that dxhat·x overflowed, or so small that it lost digits or
+    underflowed to 0; also a zero dy row and a NaN row) c is summed again in the oracle's order,
+    Σ dxhat·xhat / K: rare rows only, so every other row keeps its bits (a zero dy row gets the
+    same c = ±0 either way)."""
+    if SS_LO <= abs(s) <= SS_HI:
+        return s * rstd_s / kf
+    return _coef_from_xhat(g3, x3, b, i, w, kf, rstd_s, k)
+
+
+@njit(**_SER)
+def _coef_from_xhat(g3, x3, b, i, w, kf, rstd_s, k):
+    """(1/K) Σ_{j<K} dxhat_j·xhat_j, xhat = (x·2^-k)·rstd_s: the rare path of ``_coef``."""
+    c = 0.0
+    for j in range(kf):
+        c += (to_f64(g3[b, i, j]) * w[j]) * (_scaled(to_f64(x3[b, i, j]), k) * rstd_s)
+    return c / kf
+
+
+@njit(**_INL)
 def _rms_bwd_row(g3, x3, b, i, w, kf, rstd_s, k, s, dx3, want_dw, want_db, dw_parts, db_parts,
                  p):
     """dx of one row and its contribution to the part's dweight/dbias rows, given
     s = Σ dxhat·x·2^-k. Eqs. (5)-(9)."""
     n = x3.shape[2]
-    c = s * rstd_s / kf  # (6) c = (1/K) Σ dxhat·xhat, with xhat = (x·2^-k)·rstd_s
+    c = _coef(s, g3, x3, b, i, w, kf, rstd_s, k)  # (6) c = (1/K) Σ dxhat·xhat
     if k == 0 and kf == n:
         # The common row, unswitched by hand: no per-element scaling test or K test, so the loop
         # vectorises (with them: 4.4x instead of 2.5x the copy time at 65536x512 in one loaded
@@ -496,7 +542,7 @@ def _rms_bwd_v1(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, d
         for r in range(p * ROWS_PER_PART, min(m, (p + 1) * ROWS_PER_PART)):
             b, i = r // nr, r % nr
             if has_rstd:
-                rstd_s, k = rstd_in[r], 0
+                rstd_s, k = _rstd_saved(rstd_in[r])
             else:  # (1)-(2) recomputed
                 rstd_s, k = _rstd_from_sumsq(_sumsq_v1(x3, b, i, kf), x3, b, i, kf, eps)
             s = _dot_v1(dy3, x3, b, i, w, x3.shape[2], k)
@@ -515,7 +561,7 @@ def _rms_bwd_v2(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, d
         for r in range(p * ROWS_PER_PART, min(m, (p + 1) * ROWS_PER_PART)):
             b, i = r // nr, r % nr
             if has_rstd:
-                rstd_s, k = rstd_in[r], 0
+                rstd_s, k = _rstd_saved(rstd_in[r])
             else:  # (1)-(2) recomputed with the forward's code
                 rstd_s, k = _rstd_from_sumsq(_sumsq_v2(x3, b, i, kf), x3, b, i, kf, eps)
             s = _dot_v2(dy3, x3, b, i, w, x3.shape[2], k)
@@ -534,7 +580,7 @@ def _rms_bwd_v3(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, d
         for r in range(p * ROWS_PER_PART, min(m, (p + 1) * ROWS_PER_PART)):
             b, i = r // nr, r % nr
             if has_rstd:
-                rstd_s, k = rstd_in[r], 0
+                rstd_s, k = _rstd_saved(rstd_in[r])
             else:  # (1)-(2) recomputed with the forward's code
                 rstd_s, k = _rstd_from_sumsq(_sumsq_v3(x3, b, i, kf), x3, b, i, kf, eps)
             s = _dot_v3(dy3, x3, b, i, w, x3.shape[2], k)
@@ -583,18 +629,20 @@ def _rms_bwd_v4(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, d
         r0 = p * ROWS_PER_PART
         r1 = min(m, (p + 1) * ROWS_PER_PART)
         s_next = 0.0
+        have_next = False  # s_next holds this row's unscaled Σ dxhat·x
         for r in range(r0, r1):
             b, i = r // nr, r % nr
             if has_rstd:
-                rstd_s, k = rstd_in[r], 0
+                rstd_s, k = _rstd_saved(rstd_in[r])
             else:  # (1)-(2) recomputed with the forward's code
                 rstd_s, k = _rstd_from_sumsq(_sumsq_v3(x3, b, i, kf), x3, b, i, kf, eps)
-            if fuse and r > r0:
+            if have_next and k == 0:
                 s = s_next  # summed while the previous row was written
             else:
                 s = _dot_v3(dy3, x3, b, i, w, n, k)
-            if fuse and r + 1 < r1:
-                c = s * rstd_s / kf  # (6)
+            have_next = fuse and k == 0 and r + 1 < r1  # a scaled row takes the general loop
+            if have_next:
+                c = _coef(s, dy3, x3, b, i, w, kf, rstd_s, 0)  # (6)
                 s_next = _bwd_row_and_dot(dy3, x3, b, i, w, rstd_s, c, dx3, dw_parts, p,
                                           (r + 1) // nr, (r + 1) % nr)
             else:
@@ -620,7 +668,7 @@ def _rms_bwd_pipelined(dy3, x3, w, rstd_in, dx3, dw_parts):
         for r in range(r0, r1):
             rn = min(r + 1, r1 - 1)  # the row summed while row r is written
             rstd_s = rstd_in[r]
-            c = s * rstd_s / n  # (6)
+            c = _coef(s, dy3, x3, r // nr, r % nr, w, n, rstd_s, 0)  # (6)
             s = _bwd_row_and_dot(dy3, x3, r // nr, r % nr, w, rstd_s, c, dx3, dw_parts, p,
                                  rn // nr, rn % nr)
 
@@ -629,14 +677,15 @@ def _rms_bwd_v5(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, d
                 db_parts):
     """v5: the common call runs ``_rms_bwd_pipelined``, every other call v4 (a Python-level
     choice: one kernel holding both paths is what v4 is)."""
-    if has_rstd and kf == x3.shape[2] and want_dw and not want_db:
+    if (has_rstd and kf == x3.shape[2] and want_dw and not want_db
+            and _saved_rstd_in_range(rstd_in)):
         _rms_bwd_pipelined(dy3, x3, w, rstd_in, dx3, dw_parts)
     else:
         _rms_bwd_v4(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, dw_parts,
                     db_parts)
 
 
-@njit(nogil=True, cache=True)
+@njit(**_SER)
 def _sum_parts(parts, out):
     """out_j = Σ_p parts[p, j] for p = 0, 1, 2, ... in order (serial: P·N adds, a few ms at
     most, and a serial loop compiles in a fraction of a parallel one's time)."""
@@ -703,7 +752,7 @@ def _add_stats(x3, r3, b, i, rounded, eps, res3, store_res):
     return _add_rstd_scaled(ss, x3, r3, b, i, rounded, eps)
 
 
-@njit(nogil=True, cache=True)
+@njit(**_SER)
 def _add_rstd_scaled(ss, x3, r3, b, i, rounded, eps):
     """The scaled path of ``_rstd_from_sumsq``, on h (rare, not inlined)."""
     n = x3.shape[2]
@@ -733,6 +782,16 @@ def _add_rms_fwd(x3, r3, rounded, w, eps, y3, res3, rstd_out):
             y3[b, i, j] = from_f64(_scaled(_h(x3, r3, b, i, j, rounded), k) * rstd_s * w[j], y3)
 
 
+@njit(**_SER)
+def _add_coef_from_hhat(dy3, x3, r3, b, i, rounded, w, rstd_s, k):
+    """(1/N) Σ dxhat_j·hhat_j, hhat = (h·2^-k)·rstd_s: ``_coef_from_xhat`` on h."""
+    n = x3.shape[2]
+    c = 0.0
+    for j in range(n):
+        c += (to_f64(dy3[b, i, j]) * w[j]) * (_scaled(_h(x3, r3, b, i, j, rounded), k) * rstd_s)
+    return c / n
+
+
 @njit(**_PAR)
 def _add_rms_bwd(dy3, dro3, has_dro, x3, r3, rounded, w, eps, has_rstd, rstd_in, dx3, dr3,
                  want_dw, dw_parts):
@@ -744,13 +803,16 @@ def _add_rms_bwd(dy3, dro3, has_dro, x3, r3, rounded, w, eps, has_rstd, rstd_in,
         for r in range(p * ROWS_PER_PART, min(m, (p + 1) * ROWS_PER_PART)):
             b, i = r // nr, r % nr
             if has_rstd:
-                rstd_s, k = rstd_in[r], 0
+                rstd_s, k = _rstd_saved(rstd_in[r])
             else:
                 rstd_s, k = _add_stats(x3, r3, b, i, rounded, eps, dr3, False)
             s = 0.0
             for j in range(n):  # Σ dxhat·h·2^-k (one lane: the fused backward is not benched)
                 s += (to_f64(dy3[b, i, j]) * w[j]) * _scaled(_h(x3, r3, b, i, j, rounded), k)
-            c = s * rstd_s / n  # (6)
+            if SS_LO <= abs(s) <= SS_HI:
+                c = s * rstd_s / n  # (6)
+            else:  # as _coef: dxhat·h overflowed or lost digits, sum dxhat·hhat instead
+                c = _add_coef_from_hhat(dy3, x3, r3, b, i, rounded, w, rstd_s, k)
             rstd = math.ldexp(rstd_s, -k)
             for j in range(n):
                 g = to_f64(dy3[b, i, j])
@@ -914,34 +976,25 @@ def _check_real(a: np.ndarray, name: str) -> None:
         )
 
 
-def _prepare(x: Any, normalized_shape: ShapeLike, name: str = "input"):
-    arr = as_array(x, name)
-    shape = normalize_shape(normalized_shape)
-    check_input(arr, shape, name)
-    _check_real(arr, name)
-    return arr, shape
+def _checked(x: Any, normalized_shape: ShapeLike, **kwargs: Any) -> NormInputs:
+    """The shared input contract (:func:`rmsref._shapes.prepare`: the oracle's checks, in the
+    oracle's order), then this backend's own rule: real dtypes only."""
+    a = prepare(x, normalized_shape, **kwargs)
+    _check_real(a.x, "input")
+    for name, arr in (("weight", a.weight), ("bias", a.bias), *a.others.items()):
+        if arr is not None:
+            _check_real(arr, name)
+    return a
 
 
-def _other(a: Any, name: str, x: np.ndarray) -> np.ndarray:
-    arr = as_array(a, name)
-    check_same_shape(arr, x, name)
-    _check_real(arr, name)
-    return arr
-
-
-def _param_f64(p: Any, name: str, shape: tuple[int, ...]) -> np.ndarray | None:
-    """A per-feature parameter as a contiguous float64 (N,) row (O(N), so a copy is fine)."""
-    if p is None:
-        return None
-    arr = as_array(p, name)
-    if tuple(arr.shape) != shape:
-        raise ValueError(f"{name} has shape {tuple(arr.shape)} but normalized_shape is {shape}")
-    _check_real(arr, name)
-    return np.ascontiguousarray(arr, dtype=np.float64).reshape(-1)
+def _param_f64(p: np.ndarray | None) -> np.ndarray | None:
+    """A checked per-feature parameter as a contiguous float64 (N,) row (O(N): a copy is fine)."""
+    return None if p is None else np.ascontiguousarray(p, dtype=np.float64).reshape(-1)
 
 
 def _weight_row(weight: np.ndarray | None, offset: float, n: int) -> np.ndarray:
     """offset + w as float64 (N,); ones (times 1 + offset) without a weight, as the oracle."""
+    offset = resolve_offset(offset)
     if weight is None:
         return np.full(n, 1.0 + float(offset))
     return weight + float(offset) if offset else weight
@@ -992,15 +1045,10 @@ def _stat_dtype(dtype: np.dtype) -> np.dtype:
     return np.dtype(np.float32) if dtype in _HALF_VIEWS else np.dtype(np.float64)
 
 
-def _saved(stat: Any, x: np.ndarray, shape: tuple[int, ...], name: str) -> np.ndarray | None:
-    """A saved per-row statistic as a contiguous float64 (M,) array (O(M) copy)."""
-    if stat is None:
-        return None
-    arr = check_rstd(stat, x, shape)
+def _saved(arr: np.ndarray | None) -> np.ndarray | None:
+    """A checked saved per-row statistic as a contiguous float64 (M,) array (O(M) copy)."""
     if arr is None:
         return None
-    if arr.dtype.kind != "f":
-        raise TypeError(f"{name} has dtype {arr.dtype}; expected a real floating dtype")
     return np.ascontiguousarray(arr, dtype=np.float64).reshape(-1)
 
 
@@ -1036,13 +1084,11 @@ def _rms_norm_forward(
     out_dtype: Any = None,
     out: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    x, shape = _prepare(x, normalized_shape)
-    n = int(np.prod(shape))
-    w_arr = None if weight is None else as_array(weight, "weight")
-    w = _weight_row(_param_f64(w_arr, "weight", shape), offset, n)
-    b = _param_f64(bias, "bias", shape)
-    eps = resolve_eps(eps, x.dtype)
-    kf = resolve_partial(partial, n)
+    a = _checked(x, normalized_shape, weight=weight, bias=bias, eps=eps, offset=offset,
+                 partial=partial)
+    x, shape, n, eps, kf, w_arr, bias = a.x, a.shape, a.n, a.eps, a.k_feat, a.weight, a.bias
+    w = _weight_row(_param_f64(w_arr), a.offset, n)
+    b = _param_f64(bias)
     dtype = resolve_out_dtype(out_dtype, x)
     _check_real(np.empty(0, dtype), "out_dtype")
     y = _result(out, x.shape, dtype, {"x": x, "weight": w_arr, "bias": bias})
@@ -1068,16 +1114,12 @@ def _rms_norm_backward(
     partial: float | None = None,
     out: np.ndarray | None = None,
 ) -> RMSNormGrads:
-    x, shape = _prepare(x, normalized_shape)
-    dy = _other(dy, "dy", x)
-    n = int(np.prod(shape))
-    w_arr = None if weight is None else as_array(weight, "weight")
-    w = _weight_row(_param_f64(w_arr, "weight", shape), offset, n)
-    b_arr = None if bias is None else as_array(bias, "bias")
-    _param_f64(b_arr, "bias", shape)  # validated; the bias enters neither dx nor dweight
-    eps = resolve_eps(eps, x.dtype)
-    kf = resolve_partial(partial, n)
-    saved = _saved(rstd, x, shape, "rstd")
+    a = _checked(x, normalized_shape, weight=weight, bias=bias, eps=eps, offset=offset,
+                 partial=partial, others={"dy": dy}, stats={"rstd": rstd})
+    x, dy, shape, n, eps, kf = a.x, a.others["dy"], a.shape, a.n, a.eps, a.k_feat
+    w_arr, b_arr = a.weight, a.bias  # the bias enters neither dx nor dweight
+    w = _weight_row(_param_f64(w_arr), a.offset, n)
+    saved = _saved(a.stats["rstd"])
     dx = _result(out, x.shape, x.dtype, {"dy": dy, "x": x, "weight": w_arr, "rstd": rstd})
     dy3, x3, dx3 = _rows3([_bits(dy), _bits(x), _bits(dx)], len(shape))
     m = x3.shape[0] * x3.shape[1]
@@ -1235,15 +1277,6 @@ VARIANTS: dict[str, tuple[int, ...]] = {
 
 
 # ---------------------------------------------------------------------------- fused residual
-_ROUNDINGS = ("fp32-sum", "rounded-sum")
-
-
-def _check_rounding(rounding: str) -> bool:
-    if rounding not in _ROUNDINGS:
-        raise ValueError(f"rounding must be one of {_ROUNDINGS}, got {rounding!r}")
-    return rounding == "rounded-sum"
-
-
 def add_rms_norm_forward(
     x: Any,
     residual: Any,
@@ -1268,13 +1301,11 @@ def add_rms_norm_forward(
         y in x's dtype, new_residual = R_res(h) in residual's dtype, rstd as
         :func:`rms_norm_forward`'s (float32 for half x).
     """
-    rounded = _check_rounding(rounding)
-    x, shape = _prepare(x, normalized_shape)
-    res = _other(residual, "residual", x)
-    n = int(np.prod(shape))
-    w_arr = None if weight is None else as_array(weight, "weight")
-    w = _weight_row(_param_f64(w_arr, "weight", shape), offset, n)
-    eps = resolve_eps(eps, x.dtype)
+    rounded = resolve_rounding(rounding)
+    a = _checked(x, normalized_shape, weight=weight, eps=eps, offset=offset,
+                 others={"residual": residual})
+    x, res, shape, n, eps = a.x, a.others["residual"], a.shape, a.n, a.eps
+    w = _weight_row(_param_f64(a.weight), a.offset, n)
     y = np.empty(x.shape, x.dtype)
     new_res = np.empty(x.shape, res.dtype)
     x3, r3, y3, nr3 = _rows3([_bits(x), _bits(res), _bits(y), _bits(new_res)], len(shape))
@@ -1336,16 +1367,16 @@ def add_rms_norm_backward(
         ``(dx, dresidual, dweight)``; dh = dx_RMSNorm(h) + dresidual_out, rounded to x's and to
         residual's dtype.
     """
-    rounded = _check_rounding(rounding)
-    x, shape = _prepare(x, normalized_shape)
-    res = _other(residual, "residual", x)
-    dy = _other(dy, "dy", x)
-    dro = None if dresidual_out is None else _other(dresidual_out, "dresidual_out", x)
-    n = int(np.prod(shape))
-    w_arr = None if weight is None else as_array(weight, "weight")
-    w = _weight_row(_param_f64(w_arr, "weight", shape), offset, n)
-    eps = resolve_eps(eps, x.dtype)
-    saved = _saved(rstd, x, shape, "rstd")
+    rounded = resolve_rounding(rounding)
+    others = {"residual": residual, "dy": dy}
+    if dresidual_out is not None:
+        others["dresidual_out"] = dresidual_out
+    a = _checked(x, normalized_shape, weight=weight, eps=eps, offset=offset, others=others,
+                 stats={"rstd": rstd})
+    x, res, dy, shape, n, eps = a.x, a.others["residual"], a.others["dy"], a.shape, a.n, a.eps
+    dro, w_arr = a.others.get("dresidual_out"), a.weight
+    w = _weight_row(_param_f64(w_arr), a.offset, n)
+    saved = _saved(a.stats["rstd"])
     dx = np.empty(x.shape, x.dtype)
     dres = np.empty(x.shape, res.dtype)
     has_dro = dro is not None
@@ -1393,12 +1424,10 @@ def layer_norm_forward(
         y rounded once to ``out_dtype`` (default x's dtype); mean and rstd float32 for half
         inputs, float64 otherwise. Not overflow-safe for float64 rows beyond ~1e150.
     """
-    x, shape = _prepare(x, normalized_shape)
-    n = int(np.prod(shape))
-    w_arr = None if weight is None else as_array(weight, "weight")
-    w = _weight_row(_param_f64(w_arr, "weight", shape), 0.0, n)
-    b = _param_f64(bias, "bias", shape)
-    eps = resolve_eps(eps, x.dtype, default=_LN_EPS)
+    a = _checked(x, normalized_shape, weight=weight, bias=bias, eps=eps, eps_default=_LN_EPS)
+    x, shape, n, eps, w_arr, bias = a.x, a.shape, a.n, a.eps, a.weight, a.bias
+    w = _weight_row(_param_f64(w_arr), 0.0, n)
+    b = _param_f64(bias)
     dtype = resolve_out_dtype(out_dtype, x)
     _check_real(np.empty(0, dtype), "out_dtype")
     y = _result(out, x.shape, dtype, {"x": x, "weight": w_arr, "bias": bias})
@@ -1465,18 +1494,13 @@ def layer_norm_backward(
     LayerNormGrads
         ``(dx, dweight, dbias)`` in the dtypes of x, weight, bias (None without them).
     """
-    x, shape = _prepare(x, normalized_shape)
-    dy = _other(dy, "dy", x)
-    n = int(np.prod(shape))
-    w_arr = None if weight is None else as_array(weight, "weight")
-    w = _weight_row(_param_f64(w_arr, "weight", shape), 0.0, n)
-    b_arr = None if bias is None else as_array(bias, "bias")
-    _param_f64(b_arr, "bias", shape)
-    eps = resolve_eps(eps, x.dtype, default=_LN_EPS)
-    if (mean is None) != (rstd is None):
-        raise ValueError("pass both mean and rstd (the forward's saved statistics), or neither")
-    saved_mean = _saved(mean, x, shape, "mean")
-    saved_rstd = _saved(rstd, x, shape, "rstd")
+    check_stat_pair(mean, rstd)
+    a = _checked(x, normalized_shape, weight=weight, bias=bias, eps=eps, eps_default=_LN_EPS,
+                 others={"dy": dy}, stats={"mean": mean, "rstd": rstd})
+    x, dy, shape, n, eps, w_arr, b_arr = (a.x, a.others["dy"], a.shape, a.n, a.eps, a.weight,
+                                          a.bias)
+    w = _weight_row(_param_f64(w_arr), 0.0, n)
+    saved_mean, saved_rstd = _saved(a.stats["mean"]), _saved(a.stats["rstd"])
     dx = _result(out, x.shape, x.dtype, {"dy": dy, "x": x, "weight": w_arr, "mean": mean,
                                          "rstd": rstd})
     dy3, x3, dx3 = _rows3([_bits(dy), _bits(x), _bits(dx)], len(shape))

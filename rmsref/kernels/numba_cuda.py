@@ -110,11 +110,15 @@ from rmsref._shapes import (
     as_array,
     bfloat16,
     check_out,
+    check_stat_dtype,
+    check_stat_shape,
     into_out,
     normalize_shape,
     resolve_eps,
+    resolve_offset,
     resolve_out_dtype,
     resolve_partial,
+    resolve_rounding,
 )
 from rmsref.kernels import _halfbits_cuda as hb
 from rmsref.rmsnorm import AddRMSNormGrads, RMSNormGrads
@@ -242,6 +246,11 @@ def _block_threads(n: int) -> int:
 
 def _launch(launch: Launch | None) -> Launch:
     if launch is not None:
+        if not isinstance(launch, Launch):
+            raise TypeError(
+                f"launch must be a numba_cuda.Launch (e.g. Launch(threads=64)) or None; "
+                f"got {launch!r} ({type(launch).__name__})"
+            )
         return launch
     return _LAUNCH.get() or Launch()
 
@@ -632,11 +641,11 @@ class _Call:
                 f"{name} is a {mine} array but x is a {theirs} array; pass every array of a "
                 "call on the same side (NumPy arrays are copied, device arrays used in place)"
             )
-        if like is not None and tuple(int(d) for d in a.shape) != like:
-            raise ValueError(f"{name} has shape {tuple(a.shape)} but x has shape {like}")
+        arr = a if self.on_device else as_array(a, name)  # a list or None: a named error
+        if like is not None and tuple(int(d) for d in arr.shape) != like:
+            raise ValueError(f"{name} has shape {tuple(arr.shape)} but x has shape {like}")
         if self.on_device:
             return self._device_operand(a, name, rows)
-        arr = as_array(a, name)
         kind = _kind(arr.dtype, name)
         shaped = arr.reshape(rows) if rows is not None else arr.reshape(-1)
         storage = np.ascontiguousarray(shaped).view(_STORAGE_OF_KIND[kind])
@@ -747,30 +756,18 @@ def _dev(op: _Operand | None, ndim: int) -> tuple[Any, int]:
     return (_dummy(ndim), F32) if op is None else (op.dev, op.kind)
 
 
-def _check_rounding(rounding: str) -> bool:
-    if rounding not in ("fp32-sum", "rounded-sum"):
-        raise ValueError(f"rounding must be 'fp32-sum' or 'rounded-sum', got {rounding!r}")
-    return rounding == "rounded-sum"
-
-
 def _rstd_operand(call: _Call, rstd: Any, xs: tuple[int, ...], nshape: tuple[int, ...],
                   m: int) -> Any:
     """A saved rstd (shape lead or lead + (1,)*k, any float dtype) as a float32 (M,) array."""
-    lead = tuple(xs[: len(xs) - len(nshape)])
     if call.on_device != _is_device(rstd):
         raise TypeError("rstd must be on the same side (host or device) as x")
-    shape = tuple(int(s) for s in rstd.shape)
-    if shape not in (lead, lead + (1,) * len(nshape)):
-        raise ValueError(
-            f"rstd has shape {shape}; for input of shape {xs} and normalized_shape {nshape} "
-            f"expected {lead} or {lead + (1,) * len(nshape)}"
-        )
     if call.on_device:
+        check_stat_shape(tuple(int(s) for s in rstd.shape), xs, nshape, "rstd")
         d = rstd if getattr(type(rstd), "__cuda_ndarray__", False) else cuda.as_cuda_array(rstd)
         return d.reshape((m,))
-    host = np.asarray(rstd)
-    if host.dtype.kind != "f":
-        raise TypeError(f"rstd has dtype {host.dtype}; expected a real floating dtype")
+    host = as_array(rstd, "rstd")
+    check_stat_dtype(host.dtype, "rstd")
+    check_stat_shape(tuple(host.shape), xs, nshape, "rstd")
     return cuda.to_device(np.ascontiguousarray(host.reshape(m), dtype=np.float32))
 
 
@@ -910,7 +907,7 @@ def _forward_call(x: Any, normalized_shape: ShapeLike, weight: Any, eps: float |
                   bias: Any = None, offset: float = 0.0, partial: float | None = None,
                   out_dtype: Any = None, residual: Any = None, rounding: str = "fp32-sum",
                   launch: Launch | None = None) -> _Forward:
-    rounded = _check_rounding(rounding)
+    rounded = resolve_rounding(rounding)
     call = _Call(x)
     nshape = normalize_shape(normalized_shape)
     xs = _input_shape(call, x)
@@ -922,7 +919,7 @@ def _forward_call(x: Any, normalized_shape: ShapeLike, weight: Any, eps: float |
     eps_v = resolve_eps(eps, xo.dtype)
     ky = _kind(resolve_out_dtype(out_dtype, np.empty(0, xo.dtype)), "out_dtype")
     k = resolve_partial(partial, n)
-    prepared = _forward_prepare(call, xo, ro, wo, bo, m, n, k, eps_v, float(offset), ky,
+    prepared = _forward_prepare(call, xo, ro, wo, bo, m, n, k, eps_v, resolve_offset(offset), ky,
                                 F32 if ro is None else ro.kind, rounded, launch)
     return _Forward(call, xs, nshape, xo, ro, wo, ky, prepared)
 
@@ -944,7 +941,7 @@ def _backward_call(dy: Any, x: Any, normalized_shape: ShapeLike, weight: Any,
                    offset: float = 0.0, partial: float | None = None, residual: Any = None,
                    dresidual_out: Any = None, rounding: str = "fp32-sum",
                    launch: Launch | None = None) -> _Backward:
-    rounded = _check_rounding(rounding)
+    rounded = resolve_rounding(rounding)
     call = _Call(x)
     nshape = normalize_shape(normalized_shape)
     xs = _input_shape(call, x)
@@ -961,7 +958,7 @@ def _backward_call(dy: Any, x: Any, normalized_shape: ShapeLike, weight: Any,
     k = resolve_partial(partial, n)
     rstd_dev = None if rstd is None else _rstd_operand(call, rstd, xs, nshape, m)
     prepared = _backward_prepare(call, dyo, xo, ro, wo, bo, dro, rstd_dev, m, n, k, eps_v,
-                                 float(offset), rounded, launch)
+                                 resolve_offset(offset), rounded, launch)
     return _Backward(call, xs, nshape, xo, ro, wo, bo, prepared)
 
 
@@ -982,6 +979,12 @@ def _host_out(call: _Call, out: Any, shape: tuple[int, ...], kind: int,
             "return device arrays (use prepare_forward/prepare_backward to reuse outputs)"
         )
     return check_out(out, shape, _DTYPE_OF_KIND[kind], inputs)
+
+
+def _required(a: Any, name: str) -> None:
+    """The fused functions' residual is an array, never None (an error naming it)."""
+    if a is None:
+        raise TypeError(f"{name} must be an array, got None")
 
 
 def _give(result: Any, out: np.ndarray | None, shape: tuple[int, ...]) -> Any:
@@ -1215,6 +1218,7 @@ def add_rms_norm_forward(
     rstd : array
         float32, shape ``x.shape[:-k] + (1,) * k``.
     """
+    _required(residual, "residual")
     f = _forward_call(x, normalized_shape, weight, eps, offset=offset, residual=residual,
                       rounding=rounding, launch=launch)
     f.prepared.run()
@@ -1257,6 +1261,7 @@ def add_rms_norm_backward(
         ``(dx, dresidual, dweight)``: dh rounded to x's and to the residual's dtype; dweight in
         the weight's dtype (None without weight).
     """
+    _required(residual, "residual")
     b = _backward_call(dy, x, normalized_shape, weight, eps, rstd=rstd, offset=offset,
                        residual=residual, dresidual_out=dresidual_out, rounding=rounding,
                        launch=launch)
