@@ -47,14 +47,33 @@ _MODULE = re.compile(r"^(?P<module>.+?)\.x(?:_|ǁ)")
 KILLED = ("killed", "timeout", "suspicious", "segfault")
 
 
+#: --quick samples from the oracle, the rounding, the tolerance model and the conventions,
+#: against their own fast tests, so that generation, the test-coverage record and the sample fit
+#: in a few minutes; gradcheck, identities and the Numba host code (slow tests) are --full only.
+QUICK_MODULES = [
+    "rmsref/rmsnorm.py", "rmsref/layernorm.py", "rmsref/unitnorm.py", "rmsref/_sumsq.py",
+    "rmsref/_rounding.py", "rmsref/tolerance.py", "rmsref/conventions.py",
+]
+QUICK_TESTS = [
+    "tests/test_rmsnorm.py", "tests/test_layernorm_unitnorm.py", "tests/test_add_rms_norm.py",
+    "tests/test_column_sum.py", "tests/test_tolerance.py", "tests/test_bounds_tight.py",
+    "tests/test_conventions.py", "tests/test_out.py", "tests/test_mutation_survivors.py",
+]
+
+
 def configured_modules() -> list[str]:
     conf = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
     return list(conf["only_mutate"])
 
 
-def scratch_copy(modules: list[str]) -> Path:
+def _toml_list(key: str, values: list[str], text: str) -> str:
+    listed = f"{key} = [\n" + "".join(f'    "{v}",\n' for v in values) + "]"
+    return re.sub(rf"^{key} = \[.*?\]", listed, text, count=1, flags=re.S | re.M)
+
+
+def scratch_copy(modules: list[str], tests: list[str] | None = None) -> Path:
     """The tracked and untracked (not ignored) files in a temporary folder, with only_mutate
-    narrowed to ``modules``."""
+    narrowed to ``modules`` (and the test selection to ``tests`` when given)."""
     work = Path(tempfile.mkdtemp(prefix="rmsref-mutation-"))
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
                            check=True, capture_output=True).stdout.decode().split("\0")
@@ -64,9 +83,10 @@ def scratch_copy(modules: list[str]) -> Path:
             (work / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, work / f)
     pyproject = work / "pyproject.toml"
-    text = pyproject.read_text()
-    listed = "only_mutate = [\n" + "".join(f'    "{m}",\n' for m in modules) + "]"
-    pyproject.write_text(re.sub(r"only_mutate = \[.*?\]", listed, text, count=1, flags=re.S))
+    text = _toml_list("only_mutate", modules, pyproject.read_text())
+    if tests:
+        text = _toml_list("pytest_add_cli_args_test_selection", tests, text)
+    pyproject.write_text(text)
     return work
 
 
@@ -122,12 +142,13 @@ def diff_line(work: Path, name: str) -> str:
 
 def table(generated: list[str], result: dict[str, str], equivalent: dict[str, str],
           work: Path, mode: str, seconds: float) -> str:
-    ran = {n: s for n, s in result.items() if s != "not checked"}
+    ran = {n: result[n] for n in generated if result.get(n, "not checked") != "not checked"}
     lines = [
         "# Mutation testing",
         "",
         f"Written by `python bench/mutation.py {mode}` in {seconds / 60:.1f} min "
-        "(see bench/mutation.py). *killed* includes timeouts (the mutant made a test hang); "
+        "(see bench/mutation.py). *killed* includes timeouts (the mutant made a test hang) and "
+        "crashes of the test run; "
         "*equivalent*: survivors that cannot change any result (reason below); "
         "score = killed / (run − equivalent).",
         "",
@@ -147,8 +168,7 @@ def table(generated: list[str], result: dict[str, str], equivalent: dict[str, st
         lines.append(f"| {module} | {per_module[module]} | {len(mine)} | {killed} | "
                      f"{len(surv) - len(eq)} | {len(eq)} | {score} |")
     not_run = len(generated) - len(ran)
-    lines += ["", f"Not run: {not_run} of {len(generated)} mutants ("
-              + ("a sample was drawn" if not_run else "none") + ").", ""]
+    lines += ["", f"Not run: {not_run} of {len(generated)} mutants.", ""]
     if survivors:
         lines += ["## Survivors", "", "| mutant | change | status |", "|---|---|---|"]
         for n in sorted(survivors):
@@ -164,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--quick", action="store_true", help="a fixed random sample of mutants")
     mode.add_argument("--full", action="store_true", help="every mutant (hours)")
+    mode.add_argument("--report", action="store_true",
+                      help="only write the table of what --workdir's runs have checked")
     parser.add_argument("--sample", type=int, default=24, help="mutants in --quick (24)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the --quick sample")
     parser.add_argument("--module", action="append", default=None,
@@ -172,27 +194,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=None,
                         help="reuse a scratch copy kept by --keep (its mutants and test stats)")
     parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--note", default="", help="a paragraph for the table's header")
     args = parser.parse_args(argv)
 
-    modules = args.module or configured_modules()
+    if args.report and not args.workdir:
+        parser.error("--report needs --workdir (a scratch copy kept by --keep)")
+    quick = args.quick and not args.module
+    modules = args.module or (QUICK_MODULES if quick else configured_modules())
     t0 = time.perf_counter()
-    work = args.workdir or scratch_copy(modules)
+    work = args.workdir or scratch_copy(modules, QUICK_TESTS if quick else None)
     try:
         names = sorted(statuses(work)) if args.workdir else generate(work)
         names = [n for n in names if module_of(n) in {_dotted(m) for m in modules}]
         chosen = names
         if args.quick:
             chosen = sorted(random.Random(args.seed).sample(names, min(args.sample, len(names))))
+        if args.report:
+            chosen = []
         print(f"{len(names)} mutants generated in {len(modules)} modules; running {len(chosen)}",
               flush=True)
-        run(work, chosen)
+        if chosen:
+            run(work, chosen)
         equivalent = tomllib.loads(EQUIVALENT.read_text()) if EQUIVALENT.exists() else {}
         result = statuses(work)
         mode_str = (f"--quick --sample {args.sample} --seed {args.seed}" if args.quick
-                    else "--full")
+                    else "--report" if args.report else "--full")
         if args.module:
             mode_str += "".join(f" --module {m}" for m in args.module)
         text = table(names, result, equivalent, work, mode_str, time.perf_counter() - t0)
+        if args.note:
+            text = text.replace("\n\n| module", f"\n\n{args.note}\n\n| module", 1)
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(text)
         print(text)

@@ -52,3 +52,65 @@ def test_identity_default_seed_is_zero():
     c = identities.run_one(name, seed=1, quick=True)
     assert a.residual == b.residual and a.bound == b.bound
     assert a.residual != c.residual
+
+
+def test_gradcheck_report_leaves_a_skipped_checks_numbers_blank():
+    """A skipped check has no observed error, tolerance or ratio: its row says so and prints no
+    number or placeholder in those columns."""
+    from rmsref.gradcheck import CheckResult, GradcheckResult
+
+    skipped = CheckResult("second_order", "x", None, note="no double backward given")
+    report = GradcheckResult([skipped], "complex-step", [], {}, {}).report()
+    row = next(line for line in report.splitlines() if line.lstrip().startswith("second_order"))
+    assert row.split() == ["second_order", "x", "skipped:", "no", "double", "backward", "given"]
+
+
+def test_fused_add_passes_offset_on():
+    """add_rms_norm and conventions.emulate_add normalise with offset + w when given an offset."""
+    import rmsref
+    from rmsref import conventions
+
+    rng = np.random.default_rng(0)
+    x, r = rng.standard_normal((3, 16)), rng.standard_normal((3, 16))
+    w = rng.standard_normal(16)
+    y, _ = rmsref.add_rms_norm(x, r, 16, w, 1e-6, offset=1.0)
+    np.testing.assert_array_equal(y, rmsref.rms_norm_forward(x + r, 16, w, 1e-6, offset=1.0)[0])
+    x32, r32, w32 = (a.astype(np.float32) for a in (x, r, w))
+    y, _ = conventions.emulate_add("torch", x32, r32, w32, 1e-6, offset=1.0)
+    np.testing.assert_array_equal(y, conventions.emulate("torch", x32 + r32, w32, 1e-6, offset=1.0))
+    assert not np.array_equal(y, conventions.emulate("torch", x32 + r32, w32, 1e-6))
+
+
+def test_jvp_is_complex_linear_in_the_tangent():
+    """For complex inputs (complex-step) the JVP is linear over the complex numbers: the tangent's
+    imaginary part is carried, not dropped: jvp(x, i·t) = i·jvp(x, t)."""
+    import rmsref
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 8)) + 1e-20j
+    t = rng.standard_normal((2, 8))
+    j = rmsref.rms_norm_jvp(x, t, 8, eps=1e-6)
+    np.testing.assert_allclose(rmsref.rms_norm_jvp(x, 1j * t, 8, eps=1e-6), 1j * j, rtol=1e-15)
+
+
+def test_unit_norm_backward_checks_dy_and_bias_by_name():
+    import pytest
+
+    import rmsref
+
+    x = np.ones((2, 4))
+    with pytest.raises(TypeError, match="^dy "):
+        rmsref.unit_norm_backward(np.ones((2, 4), np.int32), x, 4)
+    with pytest.raises(ValueError, match="bias"):
+        rmsref.unit_norm_backward(x, x, 4, np.ones(4), bias=np.ones(3))
+
+
+def test_unit_norm_staged_backward_without_weight():
+    """The teaching (staged) backward agrees with the closed form when there is no weight."""
+    import rmsref
+
+    rng = np.random.default_rng(2)
+    x, dy = rng.standard_normal((3, 8)), rng.standard_normal((3, 8))
+    staged = rmsref.unit_norm_backward_staged(dy, x, 8)
+    np.testing.assert_allclose(staged.dx, rmsref.unit_norm_backward(dy, x, 8).dx, rtol=1e-13,
+                               atol=1e-15)
