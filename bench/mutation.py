@@ -20,6 +20,7 @@ function. Run it with ``nice``: it is one core for a long time.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import re
 import shutil
@@ -90,9 +91,16 @@ def scratch_copy(modules: list[str], tests: list[str] | None = None) -> Path:
     return work
 
 
+#: mutmut forks one child per mutant from a process that has run the tests; a BLAS or OpenMP
+#: thread pool alive at the fork can deadlock the child, which then reads as a timeout (a false
+#: kill). One thread each: no pool to inherit.
+SINGLE_THREADED = {v: "1" for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                                    "NUMBA_NUM_THREADS")}
+
+
 def mutmut(work: Path, *args: str, check: bool = True) -> str:
     run = subprocess.run([sys.executable, "-m", "mutmut", *args], cwd=work, capture_output=True,
-                         text=True)
+                         text=True, env={**os.environ, **SINGLE_THREADED})
     if check and run.returncode != 0:
         raise RuntimeError(f"mutmut {' '.join(args[:3])} failed ({run.returncode}):\n"
                            f"{run.stdout[-2000:]}\n{run.stderr[-4000:]}")

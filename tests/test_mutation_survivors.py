@@ -114,3 +114,26 @@ def test_unit_norm_staged_backward_without_weight():
     staged = rmsref.unit_norm_backward_staged(dy, x, 8)
     np.testing.assert_allclose(staged.dx, rmsref.unit_norm_backward(dy, x, 8).dx, rtol=1e-13,
                                atol=1e-15)
+
+
+def test_bound_passes_every_parameter_to_the_error_model():
+    """tolerance.bound(...) is the ErrorModel of its arguments: rows defaults to 1, and
+    acc_dtype, k_out, reduction, block, form and lam reach the model."""
+    rng = np.random.default_rng(3)
+    n = 64
+    dy, xhat = rng.standard_normal((4, n)), rng.standard_normal((4, n))
+    dw = np.sum(dy * xhat, axis=0)
+    f16 = np.dtype(np.float16)
+    plain = T.bound("dweight", out_dtype=f16, n=n, dweight=dw, dy=dy, xhat=xhat)
+    np.testing.assert_array_equal(plain, T.bound_dweight(dw, dy, xhat, T.ErrorModel(f16, n, 1)))
+    options = dict(rows=4, acc_dtype=f16, k_out=2, reduction="blocked", block=8,
+                   form="deterministic", lam=3.0)
+    model = T.ErrorModel(f16, n, **options)
+    got = T.bound("dweight", out_dtype=f16, n=n, dweight=dw, dy=dy, xhat=xhat, **options)
+    np.testing.assert_array_equal(got, T.bound_dweight(dw, dy, xhat, model))
+    def bound(**kw):
+        return T.bound("dweight", out_dtype=f16, n=n, dweight=dw, dy=dy, xhat=xhat, **kw)
+
+    for key, value in options.items():       # each one changes the bound on its own
+        base = {"reduction": "blocked"} if key == "block" else {}
+        assert not np.array_equal(bound(**base, **{key: value}), bound(**base)), key
