@@ -137,3 +137,10 @@ def test_bound_passes_every_parameter_to_the_error_model():
     for key, value in options.items():       # each one changes the bound on its own
         base = {"reduction": "blocked"} if key == "block" else {}
         assert not np.array_equal(bound(**base, **{key: value}), bound(**base)), key
+
+
+def test_underflow_atol_is_half_the_smallest_subnormal_of_each_dtype():
+    for dtype, half_subnormal in ((np.float64, 2.0**-1075), (np.float32, 2.0**-150),
+                                  (bfloat16, 2.0**-134), (np.float16, 2.0**-25),
+                                  (np.complex64, 2.0**-150), (np.complex128, 2.0**-1075)):
+        assert T.underflow_atol(dtype) == half_subnormal, dtype
