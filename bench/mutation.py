@@ -189,6 +189,11 @@ def table(generated: list[str], result: dict[str, str], equivalent: dict[str, st
     return "\n".join(lines)
 
 
+#: Exit status of --quick when a sampled mutant survives (1 stays what a crash of the script
+#: itself returns, so CI can tell the two apart).
+SURVIVED = 3
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     mode = parser.add_mutually_exclusive_group(required=True)
@@ -240,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         live = [n for n in chosen if result.get(n) not in KILLED and n not in equivalent]
         if live:
             print(f"{len(live)} mutant(s) survived and are not marked equivalent", file=sys.stderr)
-        return 1 if live and args.quick else 0
+        return SURVIVED if live and args.quick else 0
     finally:
         if args.keep or args.workdir:
             print(f"scratch copy kept: {work}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+import rmsref
 from rmsref import tolerance as T
 from rmsref._shapes import bfloat16
 
@@ -144,3 +145,44 @@ def test_underflow_atol_is_half_the_smallest_subnormal_of_each_dtype():
                                   (bfloat16, 2.0**-134), (np.float16, 2.0**-25),
                                   (np.complex64, 2.0**-150), (np.complex128, 2.0**-1075)):
         assert T.underflow_atol(dtype) == half_subnormal, dtype
+
+
+def _complex_step_matches_central_differences(f, x, v):
+    """Im f(x + i·h·v)/h (complex step, exact to rounding) against central differences."""
+    h, e = 1e-20, 1e-6
+    c, p, m = f(x + 1j * h * v), f(x + e * v), f(x - e * v)
+    for field in c._fields:
+        a = getattr(c, field)
+        if a is None:
+            continue
+        fd = (getattr(p, field) - getattr(m, field)) / (2 * e)
+        assert np.max(np.abs(a.imag)) > 0, f"{field}: the imaginary part was dropped"
+        np.testing.assert_allclose(a.imag / h, fd, rtol=1e-6, atol=1e-8, err_msg=field)
+
+
+def test_double_backward_and_staged_unit_norm_keep_the_complex_step():
+    """The second-order and staged functions compute in complex128 for complex inputs (a
+    real cast would drop the imaginary part the complex step needs)."""
+    from rmsref import unitnorm
+
+    rng = np.random.default_rng(11)
+    x, v, dy, ddx = (rng.standard_normal((3, 8)) for _ in range(4))
+    w = 1 + 0.3 * rng.standard_normal(8)
+    _complex_step_matches_central_differences(
+        lambda xx: rmsref.rms_norm_double_backward(ddx, dy, xx, 8, w, 1e-5), x, v)
+    _complex_step_matches_central_differences(
+        lambda xx: unitnorm.unit_norm_backward_staged(dy, xx, 8, w), x, v)
+
+
+def test_identify_ranks_a_float32_only_implementation():
+    """No half dtype runs: identify falls back to float32 and still reports rates per case."""
+    from rmsref.conventions import emulate, identify
+
+    def float32_only(x, shape, w=None, eps=None):
+        if np.asarray(x).dtype != np.float32:
+            raise TypeError("float32 only")
+        return emulate("torch", x, w, eps, normalized_shape=shape)
+
+    ranking = identify(float32_only, shape=(8, 64))
+    assert ranking[0].rate == 1.0
+    assert ranking[0].rates and all(case.startswith("float32") for case in ranking[0].rates)
