@@ -197,19 +197,17 @@ def f64_to_f16_bits(v):
     """float64 -> float16 bits, rounded once (RNE); NaN payload as NumPy's double -> half.
 
     ``_round_in_f64`` rounds |v| to float16's 11 significant bits (quantum 2^(e-10), clamped
-    at the subnormal quantum 2^-24); the rounded magnitude r is then encoded exactly: a normal
-    r (>= 2^-14) by rebiasing float32's exponent 127 -> 15 and dropping 13 zero bits, a
-    subnormal one as the integer r·2^24 (< 1024; 1024 would be the smallest normal, which the
-    rebias path gives), r >= 65520 (65504 + half its ulp, rounded up) as inf. Branch-free
-    (selects), so loops over it vectorise, unlike ``f64_to_f16_bits_via_odd`` (same bits,
-    tested on every rounding boundary).
+    at the subnormal quantum 2^-24); the rounded magnitude r (capped at 65536) is then encoded
+    exactly, the inverse of ``f16_bits_to_f32``: r·2^-112 in float32 is exact (a float16
+    subnormal r = k·2^-24 becomes the float32 subnormal k·2^13·2^-149) and its bits moved down
+    13 places are the float16's, with r >= 65536 (everything from 65520 = 65504 + half its ulp
+    up, rounded) landing on the all-ones exponent: inf. Branch-free (selects), so loops over
+    it vectorise, unlike ``f64_to_f16_bits_via_odd`` (same bits, tested on every rounding
+    boundary).
     """
-    r = _round_in_f64(v, 2.0**-14, 1.5 * 2.0**42)
-    r32 = np.float32(min(r, 65536.0))  # exact: r has <= 11 significant bits
-    normal = np.int32((np.int32(r32.view(np.int32)) - np.int32(112 << 23)) >> np.int32(13))
-    subnormal = np.int32(r32 * np.float32(16777216.0))  # exact integer < 1024
-    bits = np.int32(subnormal if r < 2.0**-14 else normal)
-    bits = np.int32(0x7C00) if r >= 65520.0 else bits
+    r = min(_round_in_f64(v, 2.0**-14, 1.5 * 2.0**42), 65536.0)
+    scaled = np.float32(np.float32(r) * np.float32(2.0**-112))  # exact
+    bits = np.int32(scaled.view(np.int32) >> np.int32(13))
     u = np.float64(v).view(np.int64)
     sign = np.int32((u >> np.int64(48)) & np.int64(0x8000))
     m = np.int32((u >> np.int64(42)) & np.int64(0x3FF))  # NaN: NumPy's top payload bits
