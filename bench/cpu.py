@@ -12,9 +12,11 @@ so every ratio is taken inside a round and the median over rounds is reported):
   into a *new* array (allocation and first-touch page faults included, as every API call that
   returns a new array pays) are shown next to it.
 - every kernel variant (``rmsref.kernels.numba_cpu.VARIANTS``), LayerNorm written the same way, the
-  NumPy oracle, and torch's ``F.rms_norm`` forward and forward+autograd backward when torch is
-  installed. Each is validated against the oracle on the first rows of the same data *before* it
-  is timed; a candidate that fails is reported as REFUSED and not timed.
+  NumPy oracle, torch's ``F.rms_norm`` forward and forward+autograd backward when torch is
+  installed, and JAX's ``jax.jit`` forward and forward+backward (``jax.vjp``) in the torch
+  convention (float32 opmath, one rounding) when jax is installed (not for float64, which needs
+  JAX's global x64 mode). Each is validated against the oracle on the first rows of the same
+  data *before* it is timed; a candidate that fails is reported as REFUSED and not timed.
 - the default forward and backward called with ``out=`` (y and dx written into arrays kept
   across calls), checked bit for bit against the allocating call first: the like-for-like
   comparison with the preallocated parallel copy.
@@ -38,6 +40,7 @@ our forward + backward.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import platform
 import statistics
@@ -60,6 +63,9 @@ OUT_FWD = "numba rms_norm fwd (default), out="
 OUT_BWD = "numba rms_norm bwd (default), out="
 #: targets, time relative to a parallel copy of the same bytes
 TARGETS = {"fwd": 1.25, "bwd": 1.4}
+#: other implementations timed next to ours (name prefixes); "peer / ours" is their time / ours
+PEERS = ("torch", "jax")
+PEER_LABELS = ("torch", "XLA")
 
 
 # ------------------------------------------------------------------------------ candidates
@@ -130,7 +136,8 @@ def _check_backward(dx, dw, x, dy, w, dtype, *, acc) -> str | None:
     return None
 
 
-def build_candidates(x, dy, w, *, with_torch: bool, with_oracle: bool) -> list[Candidate]:
+def build_candidates(x, dy, w, *, with_torch: bool, with_oracle: bool,
+                     with_jax: bool = False) -> list[Candidate]:
     """Every candidate for one case, each with its validation on the first rows of the data."""
     from rmsref.kernels import numba_cpu as nb
 
@@ -203,6 +210,8 @@ def build_candidates(x, dy, w, *, with_torch: bool, with_oracle: bool) -> list[C
                                bwd_bytes, check=lambda: None))
     if with_torch:
         cands.extend(_torch_candidates(x, dy, w, xv, dyv, y_exact, fwd_bytes, bwd_bytes))
+    if with_jax:
+        cands.extend(_jax_candidates(x, dy, w, xv, dyv, y_exact, fwd_bytes, bwd_bytes))
     return cands
 
 
@@ -279,6 +288,51 @@ def _torch_candidates(x, dy, w, xv, dyv, y_exact, fwd_bytes, bwd_bytes) -> list[
     ]
 
 
+def _jax_candidates(x, dy, w, xv, dyv, y_exact, fwd_bytes, bwd_bytes) -> list[Candidate]:
+    """JAX ``jax.jit`` (XLA CPU) RMSNorm in the torch convention: float32 opmath, the statistic
+    in float32, one rounding to the input dtype; forward, and forward + backward through
+    ``jax.vjp`` with the cotangent dy (what ``jax.grad`` computes, without reducing to a scalar).
+    float64 needs JAX's global x64 mode, so it is not run."""
+    if x.dtype == np.float64:
+        return []
+    import jax
+    import jax.numpy as jnp
+
+    from rmsref._shapes import resolve_eps
+
+    eps = resolve_eps(None, x.dtype)  # the oracle's default, as for every other candidate
+
+    def rms(xa, wa):
+        x32 = xa.astype(jnp.float32)
+        rstd = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+        return (x32 * rstd * wa.astype(jnp.float32)).astype(xa.dtype)
+
+    def rms_fwd_bwd(xa, wa, dya):
+        y, vjp = jax.vjp(rms, xa, wa)
+        dx, dw = vjp(dya)
+        return y, dx, dw
+
+    fwd, fwd_bwd = jax.jit(rms), jax.jit(rms_fwd_bwd)
+    xj, dyj, wj = jnp.asarray(x), jnp.asarray(dy), jnp.asarray(w)
+
+    def chk_fwd():
+        y = np.asarray(fwd(jnp.asarray(xv), wj))
+        return _check_forward(y, y_exact, x.dtype, exact=False, y_exact=y_exact)
+
+    def chk_bwd():
+        _, dx, dw = fwd_bwd(jnp.asarray(xv), wj, jnp.asarray(dyv))
+        return _check_backward(np.asarray(dx), np.asarray(dw), xv, dyv, w, x.dtype,
+                               acc=np.float32)
+
+    return [
+        Candidate(f"jax {jax.__version__} jit fwd", "fwd",
+                  lambda: fwd(xj, wj).block_until_ready(), fwd_bytes, check=chk_fwd),
+        Candidate(f"jax {jax.__version__} jit vjp fwd+bwd", "fwd+bwd",
+                  lambda: jax.block_until_ready(fwd_bwd(xj, wj, dyj)), fwd_bytes + bwd_bytes,
+                  check=chk_bwd),
+    ]
+
+
 # ------------------------------------------------------------------------------ measuring
 def measure(cands: list[Candidate], rounds: int, repeats: int) -> None:
     """Validate every candidate, then time the valid ones, interleaved round by round."""
@@ -329,7 +383,7 @@ def summarise(case: str, cands: list[Candidate]) -> list[dict]:
                 row["vs_oracle"] = statistics.median(oracle_f.times) / t
             if c.kind == "bwd" and oracle_b is not None and oracle_b.times and c is ours_bwd:
                 row["vs_oracle"] = statistics.median(oracle_b.times) / t
-            if c.name.startswith("torch") and ours_fwd.times and ours_bwd.times:
+            if c.name.startswith(PEERS) and ours_fwd.times and ours_bwd.times:
                 ours = statistics.median(ours_fwd.times) + (
                     statistics.median(ours_bwd.times) if c.kind == "fwd+bwd" else 0.0)
                 row["speedup_ours"] = t / ours
@@ -351,7 +405,7 @@ def summarise(case: str, cands: list[Candidate]) -> list[dict]:
 def markdown(rows: list[dict], header: str) -> str:
     lines = [header, "",
              "| case | candidate | time (ms) | GB/s | x copy | x copy, new array | vs oracle "
-             "| torch / ours |",
+             "| peer / ours |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         if r["kind"] == "ratio":
@@ -391,6 +445,15 @@ def targets(rows: list[dict]) -> list[str]:
                 verdict = "no target for this dtype"
             lines.append(f"- {case} {kind}: out= {a:.2f}x the preallocated copy, allocating "
                          f"{b:.2f}x the allocating copy ({verdict})")
+        peers = []
+        for prefix, label in zip(PEERS, PEER_LABELS, strict=True):
+            got = [f"{r['kind']} {r['speedup_ours']:.2f}" for r in rows if r["case"] == case
+                   and r["name"].startswith(prefix) and "speedup_ours" in r]
+            if got:
+                peers.append(f"{label}/rmsref time " + ", ".join(got))
+        if peers:
+            lines.append(f"- {case} " + "; ".join(peers)
+                         + " (fwd+bwd against our forward + backward)")
     return lines
 
 
@@ -408,7 +471,7 @@ def plot(rows: list[dict], path: Path) -> str | None:
         if "gbs" not in r or not r["case"].startswith("float32"):
             continue
         if not (r["kind"] == "copy" and r["name"].startswith("parallel copy (")
-                or "(default)" in r["name"] or r["name"].startswith("torch")):
+                or "(default)" in r["name"] or r["name"].startswith(PEERS)):
             continue
         n = int(r["case"].split("x")[-1])
         series.setdefault(r["name"], []).append((n, r["gbs"]))
@@ -440,6 +503,16 @@ def parse_cases(text: str) -> list[tuple[np.dtype, int, int]]:
     return cases
 
 
+def _installed(peer: str) -> bool:
+    """Whether the peer ``peer`` (a module name) can be imported; says so when it cannot."""
+    try:
+        importlib.import_module(peer)
+    except ImportError:
+        print(f"{peer} not installed: no {peer} comparison", file=sys.stderr)
+        return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default=None,
@@ -448,6 +521,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="calls per round (best of)")
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_CASES}, 1 round, 1 repeat")
     parser.add_argument("--no-torch", action="store_true", help="skip torch even if installed")
+    parser.add_argument("--no-jax", action="store_true", help="skip JAX even if installed")
     parser.add_argument("--no-oracle", action="store_true", help="skip timing the NumPy oracle")
     parser.add_argument("--out", type=Path, default=RESULTS / "cpu.md", help="markdown table")
     parser.add_argument("--plot", type=Path, default=RESULTS / "cpu_gbps.png", help="PNG plot")
@@ -460,13 +534,8 @@ def main(argv: list[str] | None = None) -> int:
     if reason is not None:
         print(f"numba_cpu is unavailable: {reason}", file=sys.stderr)
         return 1
-    with_torch = not args.no_torch
-    if with_torch:
-        try:
-            import torch  # noqa: F401
-        except ImportError:
-            print("torch not installed: no torch comparison", file=sys.stderr)
-            with_torch = False
+    with_torch = not args.no_torch and _installed("torch")
+    with_jax = not args.no_jax and _installed("jax")
 
     import numba
 
@@ -477,7 +546,8 @@ def main(argv: list[str] | None = None) -> int:
         x = rng.standard_normal((m, n)).astype(dtype)
         dy = rng.standard_normal((m, n)).astype(dtype)
         w = rng.standard_normal(n).astype(dtype)
-        cands = build_candidates(x, dy, w, with_torch=with_torch, with_oracle=not args.no_oracle)
+        cands = build_candidates(x, dy, w, with_torch=with_torch, with_oracle=not args.no_oracle,
+                                 with_jax=with_jax)
         measure(cands, args.rounds, args.repeats)
         case_rows = summarise(name, cands)
         rows.extend(case_rows)

@@ -59,3 +59,13 @@ def _fake_defaults(bench):
     b = bench.Candidate("numba rms_norm bwd v2 (default)", "bwd", lambda: None, 8)
     f.times, b.times = [1.0, 1.0], [1.0, 1.0]
     return [f, b]
+
+
+def test_peer_ratios_in_the_targets_section():
+    """torch/rmsref and XLA/rmsref time ratios are printed per case under the targets."""
+    bench = _load_bench()
+    rows = [{"case": "c", "name": "jax 0.10 jit fwd", "kind": "fwd", "speedup_ours": 2.5},
+            {"case": "c", "name": "torch 2 fwd+autograd bwd", "kind": "fwd+bwd",
+             "speedup_ours": 12.25}]
+    text = "\n".join(bench.targets(rows))
+    assert "- c torch/rmsref time fwd+bwd 12.25; XLA/rmsref time fwd 2.50" in text

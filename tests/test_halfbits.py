@@ -148,3 +148,30 @@ def test_float64_nan_and_inf(fmt):
     got = hb.encode(v, view).view(dtype).astype(np.float64)
     assert np.isnan(got[:2]).all() and np.signbit(got[1]) and not np.signbit(got[0])
     assert list(got[2:]) == [np.inf, -np.inf, np.inf, -np.inf]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_float64_fast_route_equals_round_to_odd(fmt):
+    """The magic-constant route (what the kernels use) gives the bits of the round-to-odd
+    construction on random float64 values spread over the format's range and beyond,
+    including float64 subnormals, the format's subnormals and overflow."""
+    from numba import njit
+
+    fast, odd = ((hb.f64_to_f16_bits, hb.f64_to_f16_bits_via_odd) if fmt == "float16"
+                 else (hb.f64_to_bf16_bits, hb.f64_to_bf16_bits_via_odd))
+
+    @njit
+    def both(v, a, b):
+        for i in range(v.size):
+            a[i] = fast(v[i])
+            b[i] = odd(v[i])
+
+    rng = np.random.default_rng(11)
+    lo, hi = (-30, 20) if fmt == "float16" else (-140, 140)
+    v = rng.uniform(1, 2, 1 << 17) * np.exp2(rng.integers(lo, hi, 1 << 17))
+    raw = rng.integers(0, 1 << 63, 1 << 15, dtype=np.int64).view(np.float64)  # any bits
+    v = np.concatenate([v, -v, raw[np.isfinite(raw)], [2.0**-1074, -(2.0**-1074)]])
+    a = np.empty(v.size, np.uint16)
+    b = np.empty(v.size, np.uint16)
+    both(v, a, b)
+    _bits_equal(a, b, f"{fmt} float64 -> half, fast route vs round to odd")

@@ -27,9 +27,11 @@ Conversions:
   the tie 1 + 2^-8, which then goes to even, 1. We go through float32 with *round to odd*
   (truncate, then set the last bit when inexact), which makes the second rounding correct because
   float32 carries at least two more bits than either half format (Boldo & Melquiond, 2008).
-  For bfloat16 the kernels use a faster route with the same bits: ``f64_to_bf16_bits`` rounds
-  in float64 by adding and subtracting a magic constant (its docstring); the round-to-odd route
-  stays as ``f64_to_bf16_bits_via_odd`` and for float16.
+  The kernels use a faster route with the same bits: ``f64_to_bf16_bits`` and
+  ``f64_to_f16_bits`` round in float64 by adding and subtracting a magic constant
+  (``_round_in_f64``) and then encode the rounded value exactly, branch-free, so that loops
+  over them vectorise; the round-to-odd route stays as ``f64_to_bf16_bits_via_odd`` and
+  ``f64_to_f16_bits_via_odd``, and the tests check both against each other.
   Note: ``ml_dtypes`` ``float64 -> bfloat16`` casts round twice (through float32); NumPy's
   ``float64 -> float16`` rounds once. NaN: as the float32 -> half rules, payload taken from the
   float64's top payload bits for float16.
@@ -68,19 +70,20 @@ def bf16_bits_to_f32(b):
 
 @_jit
 def f16_bits_to_f32(b):
-    """float16 bits -> float32, exactly (subnormals normalised, inf/NaN payload kept)."""
-    h = np.uint32(np.uint16(b))
-    sign = (h & np.uint32(0x8000)) << np.uint32(16)
-    e = (h >> np.uint32(10)) & np.uint32(0x1F)
-    m = h & np.uint32(0x3FF)
-    if e == np.uint32(0x1F):  # inf or NaN: all-ones exponent, mantissa moved up 13 bits
-        u = sign | np.uint32(0x7F800000) | (m << np.uint32(13))
-    elif e == np.uint32(0):  # zero or subnormal: value = m * 2^-24, exact in float32
-        f = np.float32(m) * np.float32(5.960464477539063e-08)
-        u = sign | np.uint32(np.float32(f).view(np.uint32))
-    else:  # normal: rebias the exponent 15 -> 127
-        u = sign | ((e + np.uint32(112)) << np.uint32(23)) | (m << np.uint32(13))
-    return np.uint32(u).view(np.float32)
+    """float16 bits -> float32, exactly (subnormals normalised, inf/NaN payload kept).
+
+    Branch-free, so that loops over it vectorise: the exponent and mantissa moved up 13 bits
+    are a float32 whose value is the float16's times 2^-112 (a float16 subnormal becomes a
+    float32 subnormal with the same mantissa), so one exact multiplication by 2^112 rebiases
+    every finite value; inf/NaN (exponent all ones) take the all-ones float32 exponent instead.
+    """
+    h = np.int32(np.uint16(b))
+    sign = np.int32((h & np.int32(0x8000)) << np.int32(16))
+    em = np.int32(np.int32(h & np.int32(0x7FFF)) << np.int32(13))  # exponent and mantissa
+    finite = np.float32(np.int32(em).view(np.float32) * np.float32(2.0**112))  # exact
+    special = np.int32(em | np.int32(0x7F800000))  # inf, or NaN with its payload
+    u = special if em >= np.int32(0x7C00 << 13) else np.int32(finite.view(np.int32))
+    return np.int32(sign | u).view(np.float32)
 
 
 # --------------------------------------------------------------------------------------------
@@ -151,28 +154,39 @@ def f64_to_bf16_bits_via_odd(v):
 
 
 @_jit
-def f64_to_bf16_bits(v):
-    """float64 -> bfloat16 bits, rounded once (RNE), in float64 arithmetic.
+def _round_in_f64(v, p_min, c_scale):
+    """|v| rounded once (RNE) to a precision of ``c_scale`` bits below its binade, in float64.
 
-    The classic "add and subtract a magic constant": for 2^e <= |v| < 2^(e+1) a bfloat16 has
-    ulp 2^(e-7); c = 1.5·2^(e+45) has float64 ulp 2^(e-7) too, and |v| + c stays in c's binade,
-    so the hardware addition rounds |v| to a multiple of bfloat16's ulp with RNE (c is an even
-    multiple of that ulp, so "even" is bfloat16's even), and subtracting c is exact. e is
-    clamped to [-126, 200]: below 2^-126 bfloat16 is subnormal with the fixed ulp 2^-133, and
-    above 2^200 the result is >= 2^128 anyway, which float32 turns into inf (as is everything
-    rounded up to 2^128). The rounded value has 8 significant bits, so float32 holds it exactly
-    and its top 16 bits are the bfloat16. The sign is put back with copysign (so -0 stays -0);
-    NaN gives ml_dtypes' canonical sign | 0x7fc0. Only float64 operations and one select: the
-    loop vectoriser handles it (about 2-3x faster than the round-to-odd route, whose int32
-    arithmetic Numba widens to int64 lanes). Tested bit for bit against that route.
+    The classic "add and subtract a magic constant": for 2^e <= |v| < 2^(e+1), c = c_scale·2^e
+    with c_scale = 1.5·2^(52 - q) has float64 ulp 2^(e-q), and |v| + c stays in c's binade, so
+    the hardware addition rounds |v| to a multiple of 2^(e-q) with RNE (c is an even multiple
+    of that ulp, so "even" is the half format's even), and subtracting c is exact. 2^e is
+    clamped to [p_min, 2^200]: below the half format's smallest normal p_min its quantum is
+    fixed (subnormals), and above 2^200 the result overflows the half format anyway. Returns
+    the magnitude; NaN stays NaN.
     """
     a = abs(v)
     # 2^e as a float64: a's exponent field alone (0 for zero and float64 subnormals, inf for
     # inf/NaN), then clamped
     p = np.int64(np.float64(a).view(np.int64) & np.int64(0x7FF0000000000000)).view(np.float64)
-    p = min(max(p, 2.0**-126), 2.0**200)
-    c = p * (1.5 * 2.0**45)
-    r = math.copysign((a + c) - c, v)  # RNE to bfloat16's precision, exact otherwise
+    p = min(max(p, p_min), 2.0**200)
+    c = p * c_scale
+    return (a + c) - c
+
+
+@_jit
+def f64_to_bf16_bits(v):
+    """float64 -> bfloat16 bits, rounded once (RNE), in float64 arithmetic.
+
+    ``_round_in_f64`` rounds |v| to bfloat16's 8 significant bits (quantum 2^(e-7), clamped at
+    the subnormal quantum 2^-133); everything rounded to 2^128 or more becomes inf through
+    float32. The rounded value has 8 significant bits, so float32 holds it exactly and its top
+    16 bits are the bfloat16. The sign is put back with copysign (so -0 stays -0); NaN gives
+    ml_dtypes' canonical sign | 0x7fc0. Only float64 operations and one select: the loop
+    vectoriser handles it (about 2-3x faster than the round-to-odd route, whose int32
+    arithmetic Numba widens to int64 lanes). Tested bit for bit against an exact reference.
+    """
+    r = math.copysign(_round_in_f64(v, 2.0**-126, 1.5 * 2.0**45), v)
     bits = np.int16(np.float32(r).view(np.int32) >> np.int32(16))
     nan = np.int16(-32768 | 0x7FC0) if math.copysign(1.0, v) < 0.0 else np.int16(0x7FC0)
     return nan if v != v else bits
@@ -180,7 +194,31 @@ def f64_to_bf16_bits(v):
 
 @_jit
 def f64_to_f16_bits(v):
-    """float64 -> float16 bits, rounded once (RNE); NaN payload as NumPy's double -> half."""
+    """float64 -> float16 bits, rounded once (RNE); NaN payload as NumPy's double -> half.
+
+    ``_round_in_f64`` rounds |v| to float16's 11 significant bits (quantum 2^(e-10), clamped
+    at the subnormal quantum 2^-24); the rounded magnitude r (capped at 65536) is then encoded
+    exactly, the inverse of ``f16_bits_to_f32``: r·2^-112 in float32 is exact (a float16
+    subnormal r = k·2^-24 becomes the float32 subnormal k·2^13·2^-149) and its bits moved down
+    13 places are the float16's, with r >= 65536 (everything from 65520 = 65504 + half its ulp
+    up, rounded) landing on the all-ones exponent: inf. Branch-free (selects), so loops over
+    it vectorise, unlike ``f64_to_f16_bits_via_odd`` (same bits, tested on every rounding
+    boundary).
+    """
+    r = min(_round_in_f64(v, 2.0**-14, 1.5 * 2.0**42), 65536.0)
+    scaled = np.float32(np.float32(r) * np.float32(2.0**-112))  # exact
+    bits = np.int32(scaled.view(np.int32) >> np.int32(13))
+    u = np.float64(v).view(np.int64)
+    sign = np.int32((u >> np.int64(48)) & np.int64(0x8000))
+    m = np.int32((u >> np.int64(42)) & np.int64(0x3FF))  # NaN: NumPy's top payload bits
+    nan = np.int32(0x7C00) | (m if m != np.int32(0) else np.int32(1))
+    return np.uint16(sign | (nan if v != v else bits))
+
+
+@_jit
+def f64_to_f16_bits_via_odd(v):
+    """float64 -> float16 bits through float32 rounded to odd (the reference construction;
+    ``f64_to_f16_bits`` gives the same bits faster)."""
     if v != v:
         u = np.float64(v).view(np.uint64)
         s = np.uint16(0x8000) if u >> np.uint64(63) else np.uint16(0)

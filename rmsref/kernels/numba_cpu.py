@@ -41,8 +41,9 @@ RMSNorm backward (dx, dweight, dbias; rows grouped into parts of ``ROWS_PER_PART
         calls run v3's loops.
     v5  as v4, but the common call gets a kernel of its own (``_rms_bwd_pipelined``: no
         branches for the other calls, every row of a part through the pipelined loop) and the
-        rest run v4. Same operations, so v4's bits; LLVM schedules the smaller loop with fewer
-        spills (timings in bench/results/cpu-summary.md). (default)
+        rest run v3, which is what v4 runs for them (it pipelines the common call only) and
+        compiles in about half v4's time. Same operations, so v4's bits; LLVM schedules the
+        smaller loop with fewer spills (timings in bench/results/cpu-summary.md). (default)
 Fused residual add (add_rms_norm forward/backward) and LayerNorm forward/backward are written
 like v2 only (so bench/cpu.py's RMSNorm/LayerNorm ratio compares LayerNorm with RMSNorm v2).
 LayerNorm forward: Σx (8 lanes) -> mu; then (Σd, Σd²) with d = x − mu in one pass (the
@@ -90,11 +91,13 @@ Numerical contract
 - Speed: ``bench/cpu.py`` times every variant against a parallel copy of the same bytes; the
   committed tables and their summary are in ``bench/results/`` (``cpu.md``, ``cpu-summary.md``).
 - Compilation: lazy (first call per dtype and layout), ``cache=True`` (on-disk cache next to this
-  file). Measured (float32, cold, fresh cache dir): forward v4 9.8 s; backward v5 4.9 s for
-  its own kernel (a call with a saved rstd) and 10.9 s more for v4's (the first call without
-  one); v2: ~4 and ~8 s (the 64-lane loops are unrolled and vectorised by LLVM, which costs
-  compile time); 0.02-0.04 s from the cache (plus ~0.7 s once per process to load Numba's
-  runtime). After
+  file). ``bench/compile.py`` measures each default kernel's cold first call in a fresh process
+  with an empty cache (``bench/results/compile.md``): 2.5-5.8 s per kernel and dtype on 2 busy
+  cores (forward ~4 s; backward with a saved rstd ~3 s, without one ~4-6 s), about half of it in
+  LLVM (the 64-lane loops are unrolled and vectorised) and half in Numba's own passes, both
+  growing with the inlined kernel body, which is why rare paths (bias and scaled rows of the
+  forward write, the backward calls v5 does not pipeline) live outside the pipelined kernels;
+  0.3-0.5 s from the cache (most of it loading Numba's runtime, once per process). After
   editing ``_halfbits.py`` clear ``__pycache__/*.nb[ic]`` (Numba checks only the timestamp of
   the file holding the cached function).
 """
@@ -371,11 +374,19 @@ def _saved_rstd_in_range(rstd: np.ndarray) -> bool:
 def _rms_write(x3, b, i, w, bias, has_bias, y3, rstd_s, k):
     """y_j = (x_j·rstd)·w'_j (+ b_j), rounded once. Eqs. (3)-(4). Unswitched by hand so the
     common loop has no per-element branch."""
-    n = x3.shape[2]
     if k == 0 and not has_bias:
-        for j in range(n):
+        for j in range(x3.shape[2]):
             y3[b, i, j] = from_f64(to_f64(x3[b, i, j]) * rstd_s * w[j], y3)
-    elif k == 0:
+    else:
+        _rms_write_general(x3, b, i, w, bias, has_bias, y3, rstd_s, k)
+
+
+@njit(nogil=True, cache=True)
+def _rms_write_general(x3, b, i, w, bias, has_bias, y3, rstd_s, k):
+    """The rows of ``_rms_write`` with a bias or a scale 2^-k (not inlined: every forward
+    kernel would compile these loops again: they took half of forward v4's compile time)."""
+    n = x3.shape[2]
+    if k == 0:
         for j in range(n):
             y3[b, i, j] = from_f64(to_f64(x3[b, i, j]) * rstd_s * w[j] + bias[j], y3)
     else:
@@ -675,13 +686,15 @@ def _rms_bwd_pipelined(dy3, x3, w, rstd_in, dx3, dw_parts):
 
 def _rms_bwd_v5(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, dw_parts,
                 db_parts):
-    """v5: the common call runs ``_rms_bwd_pipelined``, every other call v4 (a Python-level
-    choice: one kernel holding both paths is what v4 is)."""
+    """v5: the common call runs ``_rms_bwd_pipelined`` (when every saved rstd is in the range
+    its unscaled sums allow), every other call v3 (a Python-level choice: one kernel holding both
+    paths is what v4 is). For those other calls v4 never pipelines, so it runs v3's operations;
+    v3 compiles in about half of v4's time."""
     if (has_rstd and kf == x3.shape[2] and want_dw and not want_db
             and _saved_rstd_in_range(rstd_in)):
         _rms_bwd_pipelined(dy3, x3, w, rstd_in, dx3, dw_parts)
     else:
-        _rms_bwd_v4(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, dw_parts,
+        _rms_bwd_v3(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, dw_parts,
                     db_parts)
 
 
