@@ -184,14 +184,6 @@ def _grad_out(g: np.ndarray | None, like: np.ndarray | None, shape: tuple[int, .
     return round_to(g, result_dtype(like.dtype, g.dtype)).reshape(shape)
 
 
-def _param(p: Any, name: str, shape: tuple[int, ...], ctype: np.dtype) -> tuple[Any, Any]:
-    """(validated original array, (1, N) row in the compute dtype) for an optional parameter."""
-    if p is None:
-        return None, None
-    arr = as_array(p, name)
-    return arr, param_row(arr, name, shape, ctype)
-
-
 # --------------------------------------------------------------------------------------------
 # Forward
 # --------------------------------------------------------------------------------------------

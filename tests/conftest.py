@@ -6,15 +6,10 @@ import numpy as np
 import pytest
 
 from rmsref import backends
-from rmsref._shapes import bfloat16
+from rmsref._shapes import FLOAT_DTYPES
 
-#: dtype name -> dtype, the table every parametrised test walks.
-DTYPES = {
-    "float16": np.dtype(np.float16),
-    "bfloat16": bfloat16,
-    "float32": np.dtype(np.float32),
-    "float64": np.dtype(np.float64),
-}
+#: dtype name -> dtype, the table every parametrised test walks (the library's own table).
+DTYPES = FLOAT_DTYPES
 
 
 @pytest.fixture
