@@ -392,14 +392,15 @@ def _worst_element(err: np.ndarray, bound: np.ndarray) -> tuple[float, float, fl
 def _agreement(module: Any, dtype: np.dtype, seed: int, quick: bool) -> dict[str, tuple]:
     """Backend vs oracle for one dtype over the shapes: quantity -> (err, bound, ratio, detail).
 
-    The reference is the oracle in float64 on exactly the backend's (rounded) inputs, with the
-    eps the backend's default resolves to; bounds are rmsref.tolerance's (docs/tolerances.md, its
-    default probabilistic form). rstd is compared relatively, against ρ
-    (tolerance.ErrorModel.rho) plus one rounding to the dtype the backend stores it in.
+    y, dx and dweight go through :func:`rmsref.comparison.compare`: the oracle in float64 on
+    exactly the backend's (rounded) inputs, with the eps the backend's default resolves to, and
+    the bounds of the ``torch`` convention's error model (docs/tolerances.md, its default
+    probabilistic form). rstd is compared relatively, against ρ (tolerance.ErrorModel.rho) plus
+    one rounding to the dtype the backend stores it in.
     """
-    import rmsref
-    from rmsref import tolerance
+    from rmsref import conventions, tolerance
     from rmsref._shapes import default_eps
+    from rmsref.comparison import Reference, compare
 
     rng = np.random.default_rng([seed, 7, dtype.num, dtype.itemsize])
     worst: dict[str, tuple] = {}
@@ -409,53 +410,44 @@ def _agreement(module: Any, dtype: np.dtype, seed: int, quick: bool) -> dict[str
         x = rng.standard_normal(shape).astype(dtype)
         w = rng.uniform(0.5, 1.5, nsz).astype(dtype)
         dy = rng.standard_normal(shape).astype(dtype)
-        eps = default_eps(dtype)
-        x64, w64, dy64 = (a.astype(np.float64) for a in (x, w, dy))
+        ref = Reference(x, nsz, w, default_eps(dtype), dy=dy)
+        model = conventions.get("torch").error_model(dtype, n, m)
 
         y, rstd = module.rms_norm_forward(x, ns, w, None)
         g = module.rms_norm_backward(dy, x, ns, w, None, rstd=rstd)
-        y_ref, rstd_ref = rmsref.rms_norm_forward(x64, ns, w64, eps)
-        g_ref = rmsref.rms_norm_backward(dy64, x64, ns, w64, eps)
-        xhat = x64.reshape(m, n) * rstd_ref.reshape(m, 1)
-        label = f"{shape}"
+        label = f"worst at x shape {shape}"
 
-        def record(q: str, err, bnd, ref=None, shape_label: str = label) -> None:
-            e, b, r = _worst_element(err, bnd)
+        def record(q: str, e: float, b: float, r: float, detail: str) -> None:
             if q not in worst or r > worst[q][2]:
-                detail = f"worst at x shape {shape_label}"
-                if ref is not None:  # the error in ulps of the output: ≤ 0.5 is one rounding
-                    ulps = np.abs(np.asarray(err, np.float64)) / tolerance.ulp(ref, dtype)
-                    detail += f"; max error {float(np.max(ulps)):.2f} ulp of {dtype.name}"
                 worst[q] = (e, b, r, detail)
 
-        for got, ref, what in ((y, y_ref, "y"), (g.dx, g_ref.dx, "dx"),
-                               (g.dweight, g_ref.dweight, "dweight")):
-            if got is None or np.shape(got) != np.shape(ref) or np.dtype(got.dtype) != (
-                    dtype if what != "dweight" else w.dtype):
+        for got, what in ((y, "y"), (g.dx, "dx"), (g.dweight, "dweight")):
+            expected_dtype = dtype if what != "dweight" else w.dtype
+            expected_shape = np.shape(x) if what != "dweight" else np.shape(w)
+            if got is None or np.shape(got) != expected_shape or np.dtype(
+                    got.dtype) != expected_dtype:
                 got_desc = None if got is None else (np.shape(got), str(np.asarray(got).dtype))
                 worst[what] = (math.inf, 0.0, math.inf,
-                               f"{what} is {got_desc}, expected {np.shape(ref)} {dtype.name}")
-        if "y" not in worst or math.isfinite(worst["y"][2]):
-            record("y", np.asarray(y, np.float64) - y_ref,
-                   tolerance.bound("y", out_dtype=dtype, n=n, y=y_ref), y_ref)
-        if "dx" not in worst or math.isfinite(worst["dx"][2]):
-            record("dx", np.asarray(g.dx, np.float64) - g_ref.dx,
-                   tolerance.bound("dx", out_dtype=dtype, n=n, dx=g_ref.dx, dy=dy64, xhat=xhat,
-                                   rstd=rstd_ref, weight=w64))
-        if "dweight" not in worst or math.isfinite(worst["dweight"][2]):
-            record("dweight", np.asarray(g.dweight, np.float64) - g_ref.dweight,
-                   tolerance.bound("dweight", out_dtype=dtype, n=n, dweight=g_ref.dweight,
-                                   dy=dy64, xhat=xhat, rows=m))
+                               f"{what} is {got_desc}, expected {expected_shape} {dtype.name}")
+                continue
+            if what in worst and not math.isfinite(worst[what][2]):
+                continue
+            c = compare(what, got, ref, model)
+            row, col = c.worst if c.worst is not None else (0, 0)
+            b = float(c.bound[row, col]) if c.bound.size else 0.0
+            detail = label + (f"; max error {c.max_ulp:.2f} ulp of {dtype.name}"
+                              if what == "y" else "")   # ≤ 0.5 ulp is one rounding
+            record(what, c.ratio * b, b, c.ratio, detail)
         r_b = np.asarray(rstd)
         if r_b.size != m:
             worst["rstd"] = (math.inf, 0.0, math.inf,
                              f"rstd has shape {r_b.shape}, expected {m} values (one per row)")
         else:
-            model = tolerance.ErrorModel(dtype, n)
             u_stat = tolerance.unit_roundoff(r_b.dtype) if r_b.dtype.kind == "f" else 0.0
-            r64 = rstd_ref.reshape(-1)
-            record("rstd", (r_b.astype(np.float64).reshape(-1) - r64),
-                   (model.rho + u_stat) * np.abs(r64))
+            r64 = ref.rstd.reshape(-1)
+            e, b, r = _worst_element(r_b.astype(np.float64).reshape(-1) - r64,
+                                     (model.rho + u_stat) * np.abs(r64))
+            record("rstd", e, b, r, label)
     return worst
 
 
