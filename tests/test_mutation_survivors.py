@@ -6,6 +6,7 @@ Each test names the behaviour, not the mutant: a mutant is one way of breaking i
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import rmsref
 from rmsref import tolerance as T
@@ -186,3 +187,22 @@ def test_identify_ranks_a_float32_only_implementation():
     ranking = identify(float32_only, shape=(8, 64))
     assert ranking[0].rate == 1.0
     assert ranking[0].rates and all(case.startswith("float32") for case in ranking[0].rates)
+
+
+def test_double_backward_names_a_bad_ddbias():
+    x = np.ones((2, 4))
+    with pytest.raises(ValueError, match="ddbias"):
+        rmsref.rms_norm_double_backward(x, x, x, 4, np.ones(4), 1e-5, ddbias=np.ones(5))
+
+
+def test_staged_unit_norm_backward_takes_eps_none_as_zero_like_the_closed_form():
+    from rmsref import unitnorm
+
+    rng = np.random.default_rng(12)
+    # rows small enough (Σx² ~ 1e-16) that any default eps (2^-52 for float64) would show
+    x, dy = 1e-8 * rng.standard_normal((3, 8)), rng.standard_normal((3, 8))
+    staged = unitnorm.unit_norm_backward_staged(dy, x, 8, eps=None)
+    closed = unitnorm.unit_norm_backward(dy, x, 8, eps=None)
+    np.testing.assert_allclose(staged.dx, closed.dx, rtol=1e-13, atol=0)
+    np.testing.assert_allclose(staged.dx, unitnorm.unit_norm_backward(dy, x, 8, eps=0.0).dx,
+                               rtol=1e-13, atol=0)
