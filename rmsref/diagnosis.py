@@ -466,7 +466,6 @@ class _Family:
 
     a: np.ndarray      # (G, K) numerator
     b: np.ndarray      # (G, K) what is squared (masked to the statistic's columns)
-    s: np.ndarray      # (G, 1) Σ b² / D
     q: np.ndarray      # (G, 1) sqrt(s + ε_in)
     r: np.ndarray      # (G, 1) 1 / (q + ε_out)
     d: float           # D
@@ -488,7 +487,7 @@ def _family(h: Hypothesis, X: np.ndarray, eps: float, dt: np.dtype) -> _Family:
         q = np.sqrt(s_eps)
         # rsqrt rounded once, or (torch's half rsqrt) sqrt rounded, then 1/· rounded
         r = _rt(1.0 / q, dt) if h.precision == "native" else _rt(1.0 / _rt(q, dt), dt)
-        return _Family(a, b, s, q, r, d)
+        return _Family(a, b, q, r, d)
     if h.precision == "sequential":                    # acc += x² in the input dtype
         acc = np.cumsum(_rt(b * b, dt).astype(dt), axis=1, dtype=dt)[:, -1:].astype(np.float64)
         s = acc / d
@@ -496,7 +495,7 @@ def _family(h: Hypothesis, X: np.ndarray, eps: float, dt: np.dtype) -> _Family:
         s = np.sum(b * b, axis=1, keepdims=True) / d
     q = np.sqrt(s + (0.0 if h.eps_outside else eps))
     r = 1.0 / (q + (eps if h.eps_outside else 0.0))
-    return _Family(a, b, s, q, r, d)
+    return _Family(a, b, q, r, d)
 
 
 def _rt(v: np.ndarray, dt: np.dtype) -> np.ndarray:
@@ -1136,8 +1135,9 @@ def _fields(h: Hypothesis, obs: Sequence[Observation], ev: Evidence) -> dict[str
         fields.update(scale_fit=h.projection if isinstance(h.projection, str) else
                       f"{float(h.projection):.4g}",
                       scale_name={"N": "a sum where the mean belongs", "N/(N-1)": "N − 1 in "
-                                  "the projection's mean", "(N-1)/N": "N + ... a mean over N − 1",
+                                  "the projection's mean", "(N-1)/N": "a stray factor (N − 1)/N",
                                   "1/N": "divided by N twice", 2.0: "counted twice",
+                                  0.5: "halved",
                                   -1.0: "added instead of subtracted"}.get(h.projection,
                                                                            "fitted"))
     if h.dweight.startswith(("prefix", "suffix")):

@@ -18,7 +18,6 @@ Deterministic (fixed seeds); about ten seconds. Needs matplotlib (the ``docs`` e
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -155,12 +154,9 @@ FIGURES = {"gradient_flow": make_gradient_flow, "training": make_training,
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", nargs="*", choices=sorted(FIGURES), help="make only these")
-    args = parser.parse_args(argv)
-    for name in args.only or FIGURES:
-        FIGURES[name]()
-    return 0
+    from make_figures import make
+
+    return make(FIGURES, __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":

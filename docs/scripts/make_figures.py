@@ -226,13 +226,18 @@ def make_bandwidth() -> str | None:
 FIGURES = {"jacobian": make_jacobian, "error_vs_n": make_error_vs_n, "bandwidth": make_bandwidth}
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", nargs="*", choices=sorted(FIGURES), help="make only these")
+def make(figures: dict, description: str, argv=None) -> int:
+    """The figure scripts' command line: make every figure, or those named by ``--only``."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--only", nargs="*", choices=sorted(figures), help="make only these")
     args = parser.parse_args(argv)
-    for name in args.only or FIGURES:
-        FIGURES[name]()
+    for name in args.only or figures:
+        figures[name]()
     return 0
+
+
+def main(argv=None) -> int:
+    return make(FIGURES, __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":
