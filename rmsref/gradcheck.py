@@ -913,195 +913,288 @@ def gradcheck(
     if isinstance(inputs, np.ndarray):
         inputs = (inputs,)
     inputs = list(inputs)
-    n_in = len(inputs)
-    names = list(names) if names is not None else [f"input{k}" for k in range(n_in)]
-    if len(names) != n_in:
-        raise ValueError(f"names has {len(names)} entries but there are {n_in} inputs")
-    if wrt is None:
-        diff = [k for k, a in enumerate(inputs) if _is_float_array(a)]
-    else:
-        diff = [int(k) for k in wrt]
-        for k in diff:
-            if not (0 <= k < n_in) or not _is_float_array(inputs[k]):
-                got = "out of range" if not (0 <= k < n_in) else type(inputs[k]).__name__
-                raise ValueError(f"wrt index {k} must name a real floating array input ({got})")
+    names = list(names) if names is not None else [f"input{k}" for k in range(len(inputs))]
+    if len(names) != len(inputs):
+        raise ValueError(f"names has {len(names)} entries but there are {len(inputs)} inputs")
     if n_directions < 1:
         raise ValueError(f"n_directions must be >= 1, got {n_directions}")
-    if rtol is not None:
-        rtol = _tolerance(rtol, "rtol")
-    atol = _tolerance(atol, "atol")
+    settings = _Settings(
+        requested_method=method, full=full, seed=seed, n_directions=n_directions,
+        rtol=None if rtol is None else _tolerance(rtol, "rtol"), atol=_tolerance(atol, "atol"),
+        localize=localize, localize_budget=localize_budget, max_worst=max_worst)
+    checker = _Checker(forward, backward, inputs, names, _differentiable(inputs, wrt), settings)
+    return checker.run(jvp=jvp, double_backward=double_backward, second_order=second_order)
 
-    counts: dict[str, int] = {}
-    fwd = _Counted(forward, "forward", counts, _expect_arrays)
-    bwd = _Counted(backward, "backward", counts, functools.partial(_expect_grads, n_in=n_in))
-    rng = np.random.default_rng(seed)
-    checks: list[CheckResult] = []
-    notes: list[str] = []
-    originals = [a.copy() if isinstance(a, np.ndarray) else a for a in inputs]
 
-    # --- the point: output structure, dtypes ------------------------------------------------
-    not_finite = [f"{names[k]}: {_non_finite(inputs[k])}" for k in diff
-                  if not np.all(np.isfinite(inputs[k]))]
-    if not_finite:
-        return _not_checkable("input", not_finite, method, counts, rtol, atol, seed)
-    y, multi = _as_list(fwd(*inputs))
-    not_finite = [f"output {o}: {_non_finite(yo)}" for o, yo in enumerate(y)
-                  if not np.all(np.isfinite(yo))]
-    if not_finite:
-        return _not_checkable("forward", not_finite, method, counts, rtol, atol, seed)
-    pack_dy: Callable[[list[np.ndarray]], Any] = (lambda ds: tuple(ds)) if multi else (
-        lambda ds: ds[0])
-    n_out = len(y)
+def _differentiable(inputs: list[Any], wrt: Sequence[int] | None) -> list[int]:
+    """Indices of the inputs to differentiate: ``wrt``, checked, or every real float array."""
+    if wrt is None:
+        return [k for k, a in enumerate(inputs) if _is_float_array(a)]
+    diff = [int(k) for k in wrt]
+    for k in diff:
+        if not (0 <= k < len(inputs)) or not _is_float_array(inputs[k]):
+            got = "out of range" if not (0 <= k < len(inputs)) else type(inputs[k]).__name__
+            raise ValueError(f"wrt index {k} must name a real floating array input ({got})")
+    return diff
 
-    def F(args: Sequence[Any], complex_: bool = False) -> list[np.ndarray]:
-        return _as_list(fwd(*args, complex_=complex_))[0]
 
-    def B(args: Sequence[Any], complex_: bool = False) -> list[np.ndarray]:
+@dataclass(frozen=True)
+class _Settings:
+    """The options of one ``gradcheck`` call, checked (rtol None: chosen from the dtypes)."""
+
+    requested_method: str
+    full: bool
+    seed: int
+    n_directions: int
+    rtol: float | None
+    atol: float
+    localize: bool
+    localize_budget: int
+    max_worst: int
+
+
+class _Checker:
+    """One ``gradcheck`` call: the callables, the point and the directions every check shares.
+
+    ``run`` goes through the checks in order -- the point (finite?), (f) the gradients'
+    structure, the method (is the forward holomorphic?), (a) VJP against the numerical JVP,
+    (b) analytic JVP against VJP, (e) reentrancy, (c) the full Jacobian, (d) second order --
+    each a method reading the state set up before it. The random draws happen in that order
+    from one generator, so a seed gives the same directions whatever checks are asked for
+    after them.
+    """
+
+    def __init__(self, forward: Callable[..., Any], backward: Callable[..., Any],
+                 inputs: list[Any], names: list[str], diff: list[int], settings: _Settings):
+        self.inputs, self.names, self.diff, self.settings = inputs, names, diff, settings
+        self.n_in = len(inputs)
+        self.counts: dict[str, int] = {}
+        self.fwd = _Counted(forward, "forward", self.counts, _expect_arrays)
+        self.bwd = _Counted(backward, "backward", self.counts,
+                            functools.partial(_expect_grads, n_in=self.n_in))
+        self.rng = np.random.default_rng(settings.seed)
+        self.checks: list[CheckResult] = []
+        self.notes: list[str] = []
+        self.method = settings.requested_method  # the method used (after the holomorphy test)
+        self.rtol = settings.rtol
+        self.atol = settings.atol
+        # set by run(): the forward's outputs at the point, the output directions u and the
+        # backward's gradients along them, the unit roundoff of the outputs, the floor
+        self.y: list[np.ndarray] = []
+        self.multi = False
+        self.us: list[list[np.ndarray]] = []
+        self.grads: list[tuple[Any, ...]] = []
+        self.out_u = 0.0
+        self.floor: _Floor
+
+    # --- the callables as functions of argument lists ------------------------------------------
+
+    @property
+    def n_out(self) -> int:
+        return len(self.y)
+
+    def pack_dy(self, dys: list[np.ndarray]) -> Any:
+        """dy in the structure of the forward's output: an array, or a tuple of arrays."""
+        return tuple(dys) if self.multi else dys[0]
+
+    def F(self, args: Sequence[Any], complex_: bool = False) -> list[np.ndarray]:
+        """The forward as a function of the inputs -> list of outputs."""
+        return _as_list(self.fwd(*args, complex_=complex_))[0]
+
+    def B(self, args: Sequence[Any], complex_: bool = False) -> list[np.ndarray]:
         """The backward as a function of (dys..., inputs...) -> gradients of `diff` inputs."""
-        dys = [np.array(a, copy=True) for a in args[:n_out]]
-        gs = bwd(pack_dy(dys), *args[n_out:], complex_=complex_)
+        dys = [np.array(a, copy=True) for a in args[:self.n_out]]
+        gs = self.bwd(self.pack_dy(dys), *args[self.n_out:], complex_=complex_)
         out = []
-        for k in diff:
+        for k in self.diff:
             gk = gs[k]
             if gk is None:
                 dt = np.complex128 if complex_ else np.float64
-                gk = np.zeros(np.shape(args[n_out + k]), dtype=dt)
+                gk = np.zeros(np.shape(args[self.n_out + k]), dtype=dt)
             out.append(np.asarray(gk))
         return out
 
-    us = [[rng.standard_normal(o.shape) for o in y] for _ in range(n_directions)]
-    # the backward gets copies of u: one that scribbles on its dy is caught under reentrancy
-    dy_copies = [[a.copy() for a in u] for u in us]
-    grads = [tuple(bwd(pack_dy(dc), *inputs)) for dc in dy_copies]
-    dy_modified = any(not np.array_equal(a, b) for u, dc in zip(us, dy_copies, strict=True)
-                      for a, b in zip(u, dc, strict=True))
+    def result(self) -> GradcheckResult:
+        s = self.settings
+        settings = {"rtol": float(self.rtol), "atol": self.atol, "seed": s.seed,
+                    "n_directions": s.n_directions, "requested_method": s.requested_method,
+                    "full": s.full}
+        return GradcheckResult(self.checks, self.method, self.notes, self.counts, settings)
 
-    out_u = max(_unit_roundoff(o.dtype) for o in y)
-    grad_u = [_unit_roundoff(np.asarray(g[k]).dtype) for g in grads[:1] for k in diff
-              if g[k] is not None]
-    if rtol is None:
-        rtol = RTOL_ULPS * max([out_u, *grad_u])
-    rtol = float(rtol)
-    settings = {"rtol": rtol, "atol": atol, "seed": seed, "n_directions": n_directions,
-                "requested_method": method, "full": full}
+    # --- the run -------------------------------------------------------------------------------
 
-    # --- (f) structure: one gradient per input, shapes and dtypes match ------------------------
-    shape_msgs = []
-    g0 = grads[0]
-    if len(g0) != n_in:
-        raise ValueError(f"backward returned {len(g0)} gradients for {n_in} inputs")
-    for k in range(n_in):
-        gk = g0[k]
-        if gk is None:
-            continue
-        if k not in diff and not isinstance(inputs[k], np.ndarray):
-            shape_msgs.append(f"{names[k]}: a gradient for a non-array input")
-            continue
-        gk = np.asarray(gk)
-        xk = np.asarray(inputs[k])
-        if gk.shape != xk.shape:
-            shape_msgs.append(f"{names[k]}: gradient shape {gk.shape} != input shape {xk.shape}")
-        if gk.dtype != xk.dtype:
-            shape_msgs.append(f"{names[k]}: gradient dtype {gk.dtype} != input dtype {xk.dtype}")
-    # pass/fail checks: observed = number of problems, ratio 0 or inf
-    checks.append(CheckResult("shapes", None, not shape_msgs, float(len(shape_msgs)), 0.0,
-                              math.inf if shape_msgs else 0.0, note="; ".join(shape_msgs)))
-    if shape_msgs:
-        # Shapes wrong: the inner products below would broadcast nonsense.
-        return GradcheckResult(checks, method, notes, counts, settings)
+    def run(self, *, jvp: Callable[..., Any] | None, double_backward: Callable[..., Any] | None,
+            second_order: bool | None) -> GradcheckResult:
+        s = self.settings
+        originals = [a.copy() if isinstance(a, np.ndarray) else a for a in self.inputs]
+        problem = self.point_problem()
+        if problem is not None:
+            return problem
+        dy_modified = self.draw_output_directions()
+        if not self.check_structure():
+            # Shapes wrong: the inner products below would broadcast nonsense.
+            return self.result()
+        self.floor = _Floor(self.F, self.inputs, self.y, self.diff)
+        self.choose_method()
+        vs = self.draw_input_directions()
+        self.check_vjp(vs)
+        if jvp is not None:
+            self.check_jvp(jvp, vs)
+        self.check_reentrancy(originals, dy_modified)
+        if s.full and self.diff:
+            self.checks += _full_jacobian(self)
+        if self.diff and second_order is not False:
+            self.checks += _second_order(self, double_backward, second_order)
+        return self.result()
 
-    floor = _Floor(F, inputs, y, diff)
+    def point_problem(self) -> GradcheckResult | None:
+        """A failed result when the point or the forward there has NaN/Inf; sets ``y``."""
+        s = self.settings
+        bad = [f"{self.names[k]}: {_non_finite(self.inputs[k])}" for k in self.diff
+               if not np.all(np.isfinite(self.inputs[k]))]
+        if bad:
+            return _not_checkable("input", bad, s.requested_method, self.counts, s.rtol, s.atol,
+                                  s.seed)
+        self.y, self.multi = _as_list(self.fwd(*self.inputs))
+        bad = [f"output {o}: {_non_finite(yo)}" for o, yo in enumerate(self.y)
+               if not np.all(np.isfinite(yo))]
+        if bad:
+            return _not_checkable("forward", bad, s.requested_method, self.counts, s.rtol,
+                                  s.atol, s.seed)
+        return None
 
-    # --- method: detect a non-holomorphic forward ----------------------------------------------
-    used = method
-    if method == "complex" and diff:
-        probe = {k: _relative(rng.standard_normal(np.shape(inputs[k])), inputs[k]) for k in diff}
-        why = _holomorphy_test(F, inputs, probe, out_u)
-        if why is not None:
-            used = "richardson"
-            notes.append(f"complex step unusable for the forward: {why}; "
-                         "falling back to Richardson extrapolation")
+    def draw_output_directions(self) -> bool:
+        """Draw u, run the backward along each, choose rtol; True if a backward changed its dy."""
+        n_dir = self.settings.n_directions
+        self.us = [[self.rng.standard_normal(o.shape) for o in self.y] for _ in range(n_dir)]
+        # the backward gets copies of u: one that scribbles on its dy is caught under reentrancy
+        dy_copies = [[a.copy() for a in u] for u in self.us]
+        self.grads = [tuple(self.bwd(self.pack_dy(dc), *self.inputs)) for dc in dy_copies]
+        self.out_u = max(_unit_roundoff(o.dtype) for o in self.y)
+        grad_u = [_unit_roundoff(np.asarray(g[k]).dtype) for g in self.grads[:1]
+                  for k in self.diff if g[k] is not None]
+        if self.rtol is None:
+            self.rtol = RTOL_ULPS * max([self.out_u, *grad_u])
+        self.rtol = float(self.rtol)
+        return any(not np.array_equal(a, b) for u, dc in zip(self.us, dy_copies, strict=True)
+                   for a, b in zip(u, dc, strict=True))
 
-    # --- (a) VJP vs numerical JVP, per input ---------------------------------------------------
-    vs = {k: [rng.standard_normal(np.shape(inputs[k])) for _ in range(n_directions)]
-          for k in diff}
-    if used != "complex":  # finite differences: steps relative to each element
-        vs = {k: [_relative(v, inputs[k]) for v in vk] for k, vk in vs.items()}
-    for k in diff:
-        worst = _Worst()
-        for d in range(n_directions):
-            jv, v_eff, err = _numeric_jvp(F, inputs, {k: vs[k][d]}, used, out_u)
-            disc, scale, tol = _discrepancy(us[d], jv, err, grads[d][k], v_eff[k], rtol, atol,
-                                            floor.first(k, us[d], v_eff[k]))
-            worst.add(abs(disc), scale, tol, d)
-        c = worst.result("vjp", names[k], "backward returned None: checked that the output does "
-                         "not depend on it" if grads[0][k] is None else "")
-        worst_d = worst.index
-        if c.passed is False and localize:
-            c.worst, spent = _localize(
-                functools.partial(_numeric_jvp_of, F, inputs, k, used, out_u), us[worst_d],
-                grads[worst_d][k], np.shape(inputs[k]), rng, rtol, atol, localize_budget,
-                max_worst, functools.partial(floor.first, k, us[worst_d]))
-            if not c.worst:
-                c.note = (c.note + "; " if c.note else "") + (
-                    f"not localised in {spent} evaluations: the error is spread thinly")
-        checks.append(c)
+    def check_structure(self) -> bool:
+        """(f) one gradient per input, shapes and dtypes match; False if they do not."""
+        msgs = []
+        g0 = self.grads[0]
+        if len(g0) != self.n_in:
+            raise ValueError(f"backward returned {len(g0)} gradients for {self.n_in} inputs")
+        for k in range(self.n_in):
+            gk = g0[k]
+            if gk is None:
+                continue
+            name = self.names[k]
+            if k not in self.diff and not isinstance(self.inputs[k], np.ndarray):
+                msgs.append(f"{name}: a gradient for a non-array input")
+                continue
+            gk = np.asarray(gk)
+            xk = np.asarray(self.inputs[k])
+            if gk.shape != xk.shape:
+                msgs.append(f"{name}: gradient shape {gk.shape} != input shape {xk.shape}")
+            if gk.dtype != xk.dtype:
+                msgs.append(f"{name}: gradient dtype {gk.dtype} != input dtype {xk.dtype}")
+        # pass/fail checks: observed = number of problems, ratio 0 or inf
+        self.checks.append(CheckResult("shapes", None, not msgs, float(len(msgs)), 0.0,
+                                       math.inf if msgs else 0.0, note="; ".join(msgs)))
+        return not msgs
 
-    # --- (b) analytic JVP vs analytic VJP -------------------------------------------------------
-    if jvp is not None:
-        jvp_c = _Counted(jvp, "jvp", counts, _expect_arrays)
+    def choose_method(self) -> None:
+        """Fall back from the complex step to Richardson when the forward is not holomorphic."""
+        if self.method == "complex" and self.diff:
+            probe = {k: _relative(self.rng.standard_normal(np.shape(self.inputs[k])),
+                                  self.inputs[k]) for k in self.diff}
+            why = _holomorphy_test(self.F, self.inputs, probe, self.out_u)
+            if why is not None:
+                self.method = "richardson"
+                self.notes.append(f"complex step unusable for the forward: {why}; "
+                                  "falling back to Richardson extrapolation")
+
+    def draw_input_directions(self) -> dict[int, list[np.ndarray]]:
+        """v per differentiable input and direction (relative to |x| for finite differences)."""
+        n_dir = self.settings.n_directions
+        vs = {k: [self.rng.standard_normal(np.shape(self.inputs[k])) for _ in range(n_dir)]
+              for k in self.diff}
+        if self.method != "complex":  # finite differences: steps relative to each element
+            vs = {k: [_relative(v, self.inputs[k]) for v in vk] for k, vk in vs.items()}
+        return vs
+
+    def localized(self, c: CheckResult, k: int, d: int,
+                  jv_of: Callable[[np.ndarray], tuple]) -> int:
+        """Bisect input k for the worst entries of a failing check along direction pair d."""
+        s = self.settings
+        c.worst, spent = _localize(jv_of, self.us[d], self.grads[d][k], np.shape(self.inputs[k]),
+                                   self.rng, self.rtol, self.atol, s.localize_budget,
+                                   s.max_worst, functools.partial(self.floor.first, k, self.us[d]))
+        return spent
+
+    def check_vjp(self, vs: dict[int, list[np.ndarray]]) -> None:
+        """(a) ⟨u, J v⟩ by the numerical JVP against ⟨backward(u), v⟩, per input."""
+        for k in self.diff:
+            worst = _Worst()
+            for d in range(self.settings.n_directions):
+                jv, v_eff, err = _numeric_jvp(self.F, self.inputs, {k: vs[k][d]}, self.method,
+                                              self.out_u)
+                disc, scale, tol = _discrepancy(self.us[d], jv, err, self.grads[d][k], v_eff[k],
+                                                self.rtol, self.atol,
+                                                self.floor.first(k, self.us[d], v_eff[k]))
+                worst.add(abs(disc), scale, tol, d)
+            c = worst.result("vjp", self.names[k], "backward returned None: checked that the "
+                             "output does not depend on it" if self.grads[0][k] is None else "")
+            if c.passed is False and self.settings.localize:
+                spent = self.localized(c, k, worst.index, functools.partial(
+                    _numeric_jvp_of, self.F, self.inputs, k, self.method, self.out_u))
+                if not c.worst:
+                    c.note = (c.note + "; " if c.note else "") + (
+                        f"not localised in {spent} evaluations: the error is spread thinly")
+            self.checks.append(c)
+
+    def check_jvp(self, jvp: Callable[..., Any], vs: dict[int, list[np.ndarray]]) -> None:
+        """(b) the analytic JVP against the analytic VJP: no finite difference at all."""
+        jvp_c = _Counted(jvp, "jvp", self.counts, _expect_arrays)
 
         def jvp_dirs(k: int, v: np.ndarray):
-            tans = [None] * n_in
-            tans[k] = v.astype(np.asarray(inputs[k]).dtype)
-            out, _ = _as_list(jvp_c(tuple(inputs), tuple(tans)))
+            tans = [None] * self.n_in
+            tans[k] = v.astype(np.asarray(self.inputs[k]).dtype)
+            out, _ = _as_list(jvp_c(tuple(self.inputs), tuple(tans)))
             return out, tans[k].astype(np.float64), None
 
-        for k in diff:
+        for k in self.diff:
             worst = _Worst()
-            for d in range(n_directions):
+            for d in range(self.settings.n_directions):
                 jv, v_eff, _ = jvp_dirs(k, vs[k][d])
-                disc, scale, tol = _discrepancy(us[d], jv, None, grads[d][k], v_eff, rtol, atol,
-                                                floor.first(k, us[d], v_eff))
+                disc, scale, tol = _discrepancy(self.us[d], jv, None, self.grads[d][k], v_eff,
+                                                self.rtol, self.atol,
+                                                self.floor.first(k, self.us[d], v_eff))
                 worst.add(abs(disc), scale, tol, d)
-            c = worst.result("jvp", names[k])
-            worst_d = worst.index
-            if c.passed is False and localize:
-                c.worst, _ = _localize(functools.partial(jvp_dirs, k), us[worst_d],
-                                       grads[worst_d][k], np.shape(inputs[k]), rng, rtol, atol,
-                                       localize_budget, max_worst,
-                                       functools.partial(floor.first, k, us[worst_d]))
+            c = worst.result("jvp", self.names[k])
+            if c.passed is False and self.settings.localize:
+                self.localized(c, k, worst.index, functools.partial(jvp_dirs, k))
                 c.note = "worst entries of the VJP relative to the analytic JVP"
-            checks.append(c)
+            self.checks.append(c)
 
-    # --- (e) reentrancy: same bits again, inputs untouched ------------------------------------
-    again = tuple(bwd(pack_dy([a.copy() for a in us[0]]), *inputs))
-    msgs = ["the backward modified its dy in place"] if dy_modified else []
-    for k in range(n_in):
-        a, b = grads[0][k], again[k]
-        if (a is None) != (b is None) or (
-            a is not None and not np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True)
-        ):
-            msgs.append(f"{names[k]}: gradient changed between two identical calls")
-        if isinstance(originals[k], np.ndarray) and not np.array_equal(
-            originals[k], inputs[k], equal_nan=True
-        ):
-            msgs.append(f"{names[k]}: the input was modified in place")
-    checks.append(CheckResult("reentrancy", None, not msgs, float(len(msgs)), 0.0,
-                              math.inf if msgs else 0.0, note="; ".join(msgs)))
-
-    # --- (c) the full Jacobian ------------------------------------------------------------------
-    if full and diff:
-        checks += _full_jacobian(F, bwd, pack_dy, inputs, y, diff, names, used, out_u, rtol,
-                                 atol, max_worst)
-
-    # --- (d) second order ----------------------------------------------------------------------
-    if diff and second_order is not False:
-        checks += _second_order(F, B, inputs, us[0], diff, names, used, out_u, rtol, atol, rng,
-                                n_directions, double_backward, counts, n_out, second_order,
-                                notes, floor)
-
-    return GradcheckResult(checks, used, notes, counts, settings)
+    def check_reentrancy(self, originals: list[Any], dy_modified: bool) -> None:
+        """(e) the same bits again from a second identical call; inputs and dy untouched."""
+        again = tuple(self.bwd(self.pack_dy([a.copy() for a in self.us[0]]), *self.inputs))
+        msgs = ["the backward modified its dy in place"] if dy_modified else []
+        for k in range(self.n_in):
+            a, b = self.grads[0][k], again[k]
+            if (a is None) != (b is None) or (
+                a is not None and not np.array_equal(np.asarray(a), np.asarray(b),
+                                                     equal_nan=True)
+            ):
+                msgs.append(f"{self.names[k]}: gradient changed between two identical calls")
+            if isinstance(originals[k], np.ndarray) and not np.array_equal(
+                originals[k], self.inputs[k], equal_nan=True
+            ):
+                msgs.append(f"{self.names[k]}: the input was modified in place")
+        self.checks.append(CheckResult("reentrancy", None, not msgs, float(len(msgs)), 0.0,
+                                       math.inf if msgs else 0.0, note="; ".join(msgs)))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1271,8 +1364,11 @@ def _compare_jacobians(A: np.ndarray, J: np.ndarray, E: np.ndarray | None, rtol:
     return worst, top, n_bad
 
 
-def _full_jacobian(F, bwd, pack_dy, inputs, y, diff, names, method, out_u, rtol, atol,
-                   max_worst) -> list[CheckResult]:
+def _full_jacobian(checker: _Checker) -> list[CheckResult]:
+    """(c) every Jacobian entry: rows by VJP (one backward call per output element) against
+    columns by the numerical JVP, per differentiable input."""
+    c = checker
+    inputs, y, diff = c.inputs, c.y, c.diff
     n_out = sum(o.size for o in y)
     total_in = sum(np.size(inputs[k]) for k in diff)
     if n_out * total_in > MAX_JACOBIAN_ENTRIES:
@@ -1288,7 +1384,7 @@ def _full_jacobian(F, bwd, pack_dy, inputs, y, diff, names, method, out_u, rtol,
             # a fresh dy per call: a backward may keep or modify its dy
             dys = [np.zeros(q.shape) for q in y]
             dys[which].reshape(-1)[j] = 1.0
-            gs = bwd(pack_dy(dys), *inputs)
+            gs = c.bwd(c.pack_dy(dys), *inputs)
             for k in diff:
                 if gs[k] is None:
                     rows[k][i] = 0.0
@@ -1303,19 +1399,20 @@ def _full_jacobian(F, bwd, pack_dy, inputs, y, diff, names, method, out_u, rtol,
 
     res = []
     for k in diff:
-        J, E = _jacobian_columns(F, inputs, k, method, out_u, len(y))
+        J, E = _jacobian_columns(c.F, inputs, k, c.method, c.out_u, len(y))
         A = rows[k]
-        worst, top, n_bad = _compare_jacobians(A, J, E, rtol, atol, max_worst)
+        worst, top, n_bad = _compare_jacobians(A, J, E, c.rtol, c.atol,
+                                              c.settings.max_worst)
         r, obs, tol_rel = worst
-        c = CheckResult("jacobian", names[k], r <= 1, obs, tol_rel, r)
+        check = CheckResult("jacobian", c.names[k], r <= 1, obs, tol_rel, r)
         if r > 1:
             shape = np.shape(inputs[k])
             for _, ii, jj, err_e, tol_e in top:
-                c.worst.append(WorstEntry(
+                check.worst.append(WorstEntry(
                     tuple(int(t) for t in np.unravel_index(jj, shape)), out_index(ii),
                     float(A[ii, jj]), float(J[ii, jj]), err_e, tol_e))
-            c.note = f"{n_bad} of {A.size} entries out of tolerance"
-        res.append(c)
+            check.note = f"{n_bad} of {A.size} entries out of tolerance"
+        res.append(check)
     return res
 
 
@@ -1358,9 +1455,8 @@ def _second_directional(F: Fn, inputs: Sequence[Any], diff: list[int], u: list[n
     return T2, est
 
 
-def _second_order(F, B, inputs, u, diff, names, method, out_u, rtol, atol, rng, n_directions,
-                  double_backward, counts, n_out, requested, notes,
-                  floor: _Floor) -> list[CheckResult]:
+def _second_order(checker: _Checker, double_backward: Callable[..., Any] | None,
+                  requested: bool | None) -> list[CheckResult]:
     """Forward-over-reverse: the backward differentiated by complex step.
 
     With L(θ) = ⟨u, f(θ)⟩ and H its Hessian, the complex step of the backward along v gives
@@ -1371,6 +1467,9 @@ def _second_order(F, B, inputs, u, diff, names, method, out_u, rtol, atol, rng, 
       double_backward   ⟨dd, J_B t⟩ = ⟨double_backward(dd), t⟩ per input (dy included), with
                         J_B t the complex step of the backward.
     """
+    c = checker
+    F, B, inputs, diff, names, floor = c.F, c.B, c.inputs, c.diff, c.names, c.floor
+    u, n_out, out_u, rtol, atol, rng = c.us[0], c.n_out, c.out_u, c.rtol, c.atol, c.rng
     args = [*u, *inputs]
     off = n_out
     res: list[CheckResult] = []
@@ -1384,7 +1483,7 @@ def _second_order(F, B, inputs, u, diff, names, method, out_u, rtol, atol, rng, 
         msg = f"the backward cannot be complex-stepped: {why}"
         if requested:
             return [CheckResult("second_order", None, False, math.inf, 0.0, math.inf, note=msg)]
-        notes.append(f"second-order checks skipped: {msg}")
+        c.notes.append(f"second-order checks skipped: {msg}")
         return [CheckResult("second_order", None, None, note=msg)]
 
     g0 = dict(zip(diff, B(args), strict=True))  # the gradients at the point, for the floor
@@ -1425,9 +1524,9 @@ def _second_order(F, B, inputs, u, diff, names, method, out_u, rtol, atol, rng, 
     # the radial derivative J·x_k of the inputs shaped like an output, for the floor's |1 - p|
     for k in floor.match:
         floor.set_radial(k, _numeric_jvp(F, inputs, {k: np.asarray(inputs[k], np.float64)},
-                                         method, out_u)[0])
+                                         c.method, out_u)[0])
 
-    n_pairs = max(1, math.ceil(n_directions / 2))
+    n_pairs = max(1, math.ceil(c.settings.n_directions / 2))
     sym_worst, fd_worst = _Worst(), _Worst()
     fd_note = ""
     for _ in range(n_pairs):
@@ -1445,7 +1544,7 @@ def _second_order(F, B, inputs, u, diff, names, method, out_u, rtol, atol, rng, 
         fl = (2 * sum(floor.second(k, u, a1[k], a2[k]) for k in diff)
               + floor.cross(a1, a2, u, g0, scales) + floor.cross(a2, a1, u, g0, scales))
         sym_worst.add(abs(a - b), scale, rtol * (scale + fl) + atol)
-        if method == "complex":
+        if c.method == "complex":
             T2, est = _second_directional(F, inputs, diff, u,
                                           {k: v1[off + k] for k in diff},
                                           {k: v2[off + k] for k in diff}, out_u)
@@ -1461,7 +1560,7 @@ def _second_order(F, B, inputs, u, diff, names, method, out_u, rtol, atol, rng, 
                                    "⟨v1, H v2⟩ from the backward vs d/ds of the forward's JVP"))
 
     if double_backward is not None:
-        dbl = _Counted(double_backward, "double_backward", counts)
+        dbl = _Counted(double_backward, "double_backward", c.counts)
         n_in = len(inputs)
         targets = [("dy", list(range(n_out)))] + [(names[k], [off + k]) for k in diff]
         for label, idxs in targets:
