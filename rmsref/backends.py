@@ -19,10 +19,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 
+#: The functions of the oracle a backend may offer, grouped by norm.
+RMS_FUNCTIONS = ("rms_norm", "rms_norm_forward", "rms_norm_backward")
+ADD_RMS_FUNCTIONS = ("add_rms_norm", "add_rms_norm_forward", "add_rms_norm_backward")
+LAYER_FUNCTIONS = ("layer_norm", "layer_norm_forward", "layer_norm_backward")
+#: Every real floating dtype a backend may take.
+ALL_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
 
 @dataclass(frozen=True)
 class BackendSpec:
-    """How to load one backend and how to tell why it cannot be loaded."""
+    """What one backend offers, how to load it, and how to tell why it cannot be loaded.
+
+    ``rmsref check``, ``tests/test_backends.py`` and the benchmarks read these fields instead of
+    knowing backends by name: a new backend is one module plus one entry here.
+    """
 
     name: str
     module: str
@@ -30,6 +41,25 @@ class BackendSpec:
     requires: tuple[str, ...] = ()
     install_hint: str = ""
     probe: Callable[[], str | None] | None = None
+    #: the oracle's functions it implements (same names and signatures)
+    functions: tuple[str, ...] = RMS_FUNCTIONS
+    #: input dtypes it accepts (by name); complex inputs are the oracle's alone
+    dtypes: tuple[str, ...] = ALL_DTYPES
+    #: the convention (rmsref.conventions) whose error model bounds its outputs
+    convention: str = "torch"
+    #: True for the float64 oracle every other backend is compared with
+    reference: bool = False
+    #: the thread knob whose count must not change any bit ("numba"), or None
+    threads: str | None = None
+    #: environment variable that turns the backend into a simulator running at Python speed
+    #: (checks then use small shapes), or None
+    simulator_env: str | None = None
+    #: True when the first call of each kernel compiles it (a cold cache takes seconds)
+    compiles: bool = False
+
+    def simulated(self) -> bool:
+        """True when the backend runs in its simulator here (small shapes only)."""
+        return self.simulator_env is not None and os.environ.get(self.simulator_env, "0") == "1"
 
 
 def _probe_cuda() -> str | None:
@@ -59,6 +89,8 @@ _REGISTRY: dict[str, BackendSpec] = {
             name="numpy",
             module="rmsref",
             description="the float64 NumPy oracle (reference semantics, overflow-safe)",
+            functions=RMS_FUNCTIONS + ADD_RMS_FUNCTIONS + LAYER_FUNCTIONS,
+            reference=True,
         ),
         BackendSpec(
             name="numba_cpu",
@@ -66,6 +98,9 @@ _REGISTRY: dict[str, BackendSpec] = {
             description="Numba-parallel CPU kernels (rows in parallel, deterministic)",
             requires=("numba",),
             install_hint="pip install 'rmsref[numba]'",
+            functions=RMS_FUNCTIONS + ADD_RMS_FUNCTIONS + LAYER_FUNCTIONS,
+            threads="numba",
+            compiles=True,
         ),
         BackendSpec(
             name="numba_cuda",
@@ -74,6 +109,10 @@ _REGISTRY: dict[str, BackendSpec] = {
             requires=("numba", "numba.cuda"),
             install_hint="pip install 'rmsref[cuda]'",
             probe=_probe_cuda,
+            functions=RMS_FUNCTIONS + ADD_RMS_FUNCTIONS,
+            dtypes=("float16", "bfloat16", "float32"),  # float32 arithmetic on the device
+            simulator_env="NUMBA_ENABLE_CUDASIM",
+            compiles=True,
         ),
     )
 }
@@ -147,6 +186,37 @@ def backend(name: str) -> ModuleType:
 def describe(name: str) -> str:
     """One line saying what backend ``name`` is."""
     return _spec(name).description
+
+
+def spec(name: str) -> BackendSpec:
+    """The registry entry of backend ``name`` (what it offers; see :class:`BackendSpec`)."""
+    return _spec(name)
+
+
+def fast_backend_names() -> list[str]:
+    """Every registered backend but the reference oracle, in registry order."""
+    return [name for name, s in _REGISTRY.items() if not s.reference]
+
+
+def max_threads(name: str) -> int:
+    """The most threads backend ``name`` can run with (1 when it has no thread knob)."""
+    if _spec(name).threads != "numba":
+        return 1
+    import numba
+
+    return int(numba.config.NUMBA_NUM_THREADS)
+
+
+def set_threads(name: str, n: int) -> int:
+    """Set the thread count of backend ``name``; return the count it had before."""
+    knob = _spec(name).threads
+    if knob != "numba":
+        raise ValueError(f"backend {name!r} has no thread count to set (threads={knob!r})")
+    import numba
+
+    before = int(numba.get_num_threads())
+    numba.set_num_threads(int(n))
+    return before
 
 
 def _spec(name: str) -> BackendSpec:

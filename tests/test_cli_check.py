@@ -133,6 +133,11 @@ def _fake_backend(forward=None):
 
 
 def _install(monkeypatch, module) -> None:
+    """A registry of the oracle and one fake backend (an entry like any other's)."""
+    from rmsref import backends
+
+    fake = backends.BackendSpec(name="fake", module="rmsref", description="a test double")
+    monkeypatch.setattr(backends, "_REGISTRY", {"numpy": backends.spec("numpy"), "fake": fake})
     monkeypatch.setattr(rmsref, "available_backends", lambda: {"numpy": None, "fake": None})
     monkeypatch.setattr(rmsref, "backend", lambda name: module)
 
@@ -184,7 +189,7 @@ def test_a_backend_that_cannot_import_is_skipped(capsys, monkeypatch):
     def missing(name):
         raise RuntimeError("backend 'fake' is unavailable: fakelib is not installed")
 
-    monkeypatch.setattr(rmsref, "available_backends", lambda: {"numpy": None, "fake": None})
+    _install(monkeypatch, None)
     monkeypatch.setattr(rmsref, "backend", missing)
     status, text = run_cli(capsys, "--quick", "--plain", "--only", "fake")
     assert status == 0

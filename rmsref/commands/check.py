@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from rmsref import backends
 from rmsref.commands import _args
 
 NAME = "check"
@@ -161,9 +162,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--backend", metavar="NAME",
-        help="check only this backend against the oracle (default: every available one; "
-        "'numpy' means the oracle alone). See `python -c 'import rmsref; "
-        "print(rmsref.available_backends())'`",
+        help="check only this backend against the oracle (registered: "
+        f"{', '.join(backends.backend_names())}; default: every available one; the reference "
+        f"{'/'.join(n for n in backends.backend_names() if backends.spec(n).reference)} means "
+        "the oracle alone). See `python -c 'import rmsref; print(rmsref.available_backends())'`",
     )
     parser.add_argument(
         "--only", metavar="PATTERN", action="append",
@@ -294,7 +296,6 @@ def _backend_loader(name: str) -> Callable[[], Any]:
 def _plan(args: argparse.Namespace) -> tuple[list[Check], list[str]]:
     """Every check of this run, in order, and the backends covered."""
     import rmsref
-    from rmsref import backends
 
     seed, quick = args.seed, args.quick
     checks = _identity_checks("identities", seed, quick, None)
@@ -308,9 +309,9 @@ def _plan(args: argparse.Namespace) -> tuple[list[Check], list[str]]:
         if available[args.backend] is not None:
             raise _UsageError(f"backend {args.backend!r} is unavailable here: "
                               f"{available[args.backend]}")
-        names = [] if args.backend == "numpy" else [args.backend]
+        names = [] if backends.spec(args.backend).reference else [args.backend]
     else:
-        names = [n for n in available if n != "numpy"]
+        names = backends.fast_backend_names()
     covered = []
     for name in names:
         reason = available[name]
@@ -334,7 +335,8 @@ def _plan(args: argparse.Namespace) -> tuple[list[Check], list[str]]:
         covered.append(name)
         load = _backend_loader(name)
         small = quick or _simulated(name)
-        checks += _agreement_checks(name, load, seed, _dtypes(quick, args.full), small)
+        dtypes = [d for d in _dtypes(quick, args.full) if d.name in backends.spec(name).dtypes]
+        checks += _agreement_checks(name, load, seed, dtypes, small)
         checks += _determinism_checks(name, load, seed, quick, small=_simulated(name))
         if args.full:
             checks += _identity_checks(f"{name} identities", seed, quick, load)
@@ -346,10 +348,8 @@ class _UsageError(Exception):
 
 
 def _simulated(name: str) -> bool:
-    """True for the CUDA backend running in Numba's simulator (Python speed: small shapes only)."""
-    import os
-
-    return name == "numba_cuda" and os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"
+    """True for a backend running in its simulator (Python speed: small shapes only)."""
+    return backends.spec(name).simulated()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -389,14 +389,15 @@ def _worst_element(err: np.ndarray, bound: np.ndarray) -> tuple[float, float, fl
     return float(err[k]), float(bound[k]), float(ratio[k])
 
 
-def _agreement(module: Any, dtype: np.dtype, seed: int, quick: bool) -> dict[str, tuple]:
+def _agreement(module: Any, dtype: np.dtype, seed: int, quick: bool,
+               convention: str = "torch") -> dict[str, tuple]:
     """Backend vs oracle for one dtype over the shapes: quantity -> (err, bound, ratio, detail).
 
     y, dx and dweight go through :func:`rmsref.comparison.compare`: the oracle in float64 on
     exactly the backend's (rounded) inputs, with the eps the backend's default resolves to, and
-    the bounds of the ``torch`` convention's error model (docs/tolerances.md, its default
-    probabilistic form). rstd is compared relatively, against ρ (tolerance.ErrorModel.rho) plus
-    one rounding to the dtype the backend stores it in.
+    the bounds of the error model of the backend's convention (its registry entry;
+    docs/tolerances.md, the default probabilistic form). rstd is compared relatively, against
+    ρ (tolerance.ErrorModel.rho) plus one rounding to the dtype the backend stores it in.
     """
     from rmsref import conventions, tolerance
     from rmsref._shapes import default_eps
@@ -411,7 +412,7 @@ def _agreement(module: Any, dtype: np.dtype, seed: int, quick: bool) -> dict[str
         w = rng.uniform(0.5, 1.5, nsz).astype(dtype)
         dy = rng.standard_normal(shape).astype(dtype)
         ref = Reference(x, nsz, w, default_eps(dtype), dy=dy)
-        model = conventions.get("torch").error_model(dtype, n, m)
+        model = conventions.get(convention).error_model(dtype, n, m)
 
         y, rstd = module.rms_norm_forward(x, ns, w, None)
         g = module.rms_norm_backward(dy, x, ns, w, None, rstd=rstd)
@@ -460,7 +461,8 @@ def _agreement_checks(name: str, load: Callable[[], Any], seed: int,
             def fn(dtype: np.dtype = dtype, quantity: str = quantity) -> tuple:
                 module = load()
                 if dtype.name not in cache:
-                    cache[dtype.name] = _agreement(module, dtype, seed, quick)
+                    cache[dtype.name] = _agreement(module, dtype, seed, quick,
+                                                   backends.spec(name).convention)
                 err, bnd, ratio, detail = cache[dtype.name][quantity]
                 return err, bnd, ratio, ratio <= 1.0, detail
 
@@ -537,32 +539,29 @@ def _determinism_checks(name: str, load: Callable[[], Any], seed: int, quick: bo
 
     def threads() -> tuple:
         module = load()
-        if not name.startswith("numba"):
-            raise _Skip(f"{name} is not a Numba CPU backend")
-        import numba
-
-        most = int(numba.config.NUMBA_NUM_THREADS)
+        most = backends.max_threads(name)
         if most < 2:
-            raise _Skip("Numba has a single thread here (NUMBA_NUM_THREADS=1)")
-        before = numba.get_num_threads()
+            raise _Skip(f"{name} has a single thread here (its thread knob: "
+                        f"{backends.spec(name).threads})")
+        before = backends.set_threads(name, most)
         diffs: dict[str, int] = {}
         total: dict[str, int] = {}
         try:
             for dtype in dtypes:
                 args = inputs(dtype)
-                numba.set_num_threads(1)
+                backends.set_threads(name, 1)
                 one = run_all(module, *args)
-                numba.set_num_threads(most)
+                backends.set_threads(name, most)
                 many = run_all(module, *args)
                 for k in one:
                     diffs[k] = diffs.get(k, 0) + _bits_equal(one[k], many[k])
                     total[k] = total.get(k, 0) + np.size(one[k])
         finally:
-            numba.set_num_threads(before)
+            backends.set_threads(name, before)
         return summary(diffs, total, f"1 thread vs {most}")
 
     checks = [Check(name, "bitwise repeat", repeat), Check(name, "bitwise batch size", batch)]
-    if name.startswith("numba") and name != "numba_cuda":
+    if backends.spec(name).threads is not None:
         checks.append(Check(name, "bitwise thread count", threads))
     return checks
 
@@ -623,7 +622,8 @@ def _compile_notice(check: Check, bar: Any, n_dtypes: int, noticed: set[str]) ->
     import threading
 
     group = check.group.split()[0]
-    if not group.startswith("numba") or group in noticed or _simulated(group):
+    if group not in backends.backend_names() or not backends.spec(group).compiles or (
+            group in noticed or _simulated(group)):
         return None
 
     def say() -> None:
