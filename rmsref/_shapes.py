@@ -321,16 +321,6 @@ def check_rstd(rstd: Any, x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray |
     return check_stat(rstd, x, shape, "rstd")
 
 
-def prepare_input(
-    x: Any, normalized_shape: ShapeLike, name: str = "input"
-) -> tuple[np.ndarray, tuple[int, ...], np.ndarray]:
-    """Validate ``x`` and ``normalized_shape``; return (array, shape tuple, (M, N) rows view)."""
-    arr = as_array(x, name)
-    shape = normalize_shape(normalized_shape)
-    check_input(arr, shape, name)
-    return arr, shape, rows_view(arr, shape)
-
-
 @dataclass(frozen=True)
 class NormInputs:
     """The checked arguments of one norm call: what every implementation starts from.

@@ -30,17 +30,13 @@ from rmsref._module import NormModule
 from rmsref._rounding import round_to
 from rmsref._shapes import (
     ShapeLike,
-    as_array,
     check_out,
-    check_same_shape,
     check_stat_pair,
     compute_dtype,
     into_out,
     param_as_row,
     param_row,
     prepare,
-    prepare_input,
-    resolve_eps,
     resolve_out_dtype,
     result_dtype,
     rows_into,
@@ -234,18 +230,14 @@ def layer_norm_backward_staged(
     two ``+=``: x feeds both mu and xc, and xc feeds both xc² and xhat.
     """
     del mean, rstd  # recomputed below, node by node
-    x_in, shape, _ = prepare_input(x, normalized_shape)
-    dy_in = as_array(dy, "dy")
-    check_same_shape(dy_in, x_in, "dy")
-    weight_in = None if weight is None else as_array(weight, "weight")
-    bias_in = None if bias is None else as_array(bias, "bias")
+    a = prepare(x, normalized_shape, weight=weight, bias=bias, eps=eps, eps_default=DEFAULT_EPS,
+                others={"dy": dy})
+    x_in, shape, eps, n = a.x, a.shape, a.eps, a.n
+    dy_in, weight_in, bias_in = a.others["dy"], a.weight, a.bias
     ctype = compute_dtype(x_in, dy_in, weight_in)
-    eps = resolve_eps(eps, x_in.dtype, default=DEFAULT_EPS)
-    n = int(np.prod(shape))
-    x = x_in.reshape(-1, n).astype(ctype)  # (M, N)
+    x = a.rows.astype(ctype)  # (M, N)
     dy = dy_in.reshape(-1, n).astype(ctype)  # (M, N)
-    w = param_row(weight_in, "weight", shape, ctype)
-    param_row(bias_in, "bias", shape, ctype)
+    w = param_as_row(weight_in, ctype)
 
     with np.errstate(all="ignore"):
         # forward, one node per line
@@ -297,15 +289,11 @@ def layer_norm_jvp(
 
     ``dy_t = w ⊙ rstd·(t − mean(t) − xhat·mean(xhat⊙t)) + xhat ⊙ dweight_t + dbias_t``.
     """
-    x, shape, xrows = prepare_input(x, normalized_shape)
-    t = as_array(dx_tan, "dx_tan")
-    check_same_shape(t, x, "dx_tan")
-    weight_arr = None if weight is None else as_array(weight, "weight")
-    ctype = compute_dtype(x, t, weight_arr)
-    eps = resolve_eps(eps, x.dtype, default=DEFAULT_EPS)
-    m, n = xrows.shape
-    wt = _scale_offset(param_row(weight_arr, "weight", shape, ctype), 0.0, n, ctype)
-    param_row(bias, "bias", shape, ctype)
+    a = prepare(x, normalized_shape, weight=weight, bias=bias, eps=eps, eps_default=DEFAULT_EPS,
+                others={"dx_tan": dx_tan})
+    x, shape, xrows, eps, m, n, t = a.x, a.shape, a.rows, a.eps, a.m, a.n, a.others["dx_tan"]
+    ctype = compute_dtype(x, t, a.weight)
+    wt = _scale_offset(param_as_row(a.weight, ctype), 0.0, n, ctype)
     dw_t = param_row(dweight_tan, "dweight_tan", shape, ctype)
     db_t = param_row(dbias_tan, "dbias_tan", shape, ctype)
     trows = t.reshape(m, n)

@@ -45,19 +45,14 @@ from rmsref._rounding import round_to
 from rmsref._shapes import (
     NormInputs,
     ShapeLike,
-    as_array,
     check_out,
-    check_same_shape,
     compute_dtype,
     into_out,
     param_as_row,
     param_row,
     prepare,
-    prepare_input,
-    resolve_eps,
     resolve_offset,
     resolve_out_dtype,
-    resolve_partial,
     resolve_rounding,
     result_dtype,
     rows_into,
@@ -403,19 +398,14 @@ def rms_norm_backward_staged(
     ignored: every intermediate is recomputed here.
     """
     del rstd  # recomputed below, node by node
-    x_in, shape, _ = prepare_input(x, normalized_shape)
-    dy_in = as_array(dy, "dy")
-    check_same_shape(dy_in, x_in, "dy")
-    weight_in = None if weight is None else as_array(weight, "weight")
-    bias_in = None if bias is None else as_array(bias, "bias")
+    a = prepare(x, normalized_shape, weight=weight, bias=bias, eps=eps, offset=offset,
+                partial=partial, others={"dy": dy})  # the bias is validated; b only shifts y
+    x_in, shape, eps, n, k_feat = a.x, a.shape, a.eps, a.n, a.k_feat
+    dy_in, weight_in, bias_in = a.others["dy"], a.weight, a.bias
     ctype = compute_dtype(x_in, dy_in, weight_in)
-    eps = resolve_eps(eps, x_in.dtype)
-    n = int(np.prod(shape))
-    k_feat = resolve_partial(partial, n)
-    x = x_in.reshape(-1, n).astype(ctype)  # (M, N)
+    x = a.rows.astype(ctype)  # (M, N)
     dy = dy_in.reshape(-1, n).astype(ctype)  # (M, N)
-    w = param_row(weight_in, "weight", shape, ctype)  # (1, N) or None
-    param_row(bias_in, "bias", shape, ctype)  # validated; b only shifts y
+    w = param_as_row(weight_in, ctype)  # (1, N) or None
 
     with np.errstate(all="ignore"):
         # forward, one node per line
@@ -425,7 +415,7 @@ def rms_norm_backward_staged(
         std = np.sqrt(v)  # (M, 1)  node 4
         rstd_ = 1.0 / std  # (M, 1)  node 5, eq. (2)
         xhat = x * rstd_  # (M, N)  node 6, eq. (3)
-        wt = (np.ones((1, n), ctype) if w is None else w) + resolve_offset(offset)  # (1, N)  node 7
+        wt = (np.ones((1, n), ctype) if w is None else w) + a.offset  # (1, N)  node 7
         # node 8: y = xhat * wt + b
 
         # backward, nodes reversed
@@ -483,16 +473,12 @@ def rms_norm_jvp(
     numpy.ndarray
         The tangent of ``y``, same shape as ``x``, in ``x``'s dtype.
     """
-    x, shape, xrows = prepare_input(x, normalized_shape)
-    t = as_array(dx_tan, "dx_tan")
-    check_same_shape(t, x, "dx_tan")
-    weight_arr = None if weight is None else as_array(weight, "weight")
-    ctype = compute_dtype(x, t, weight_arr)
-    eps = resolve_eps(eps, x.dtype)
-    m, n = xrows.shape
-    k_feat = resolve_partial(partial, n)
-    wt = _scale_offset(param_row(weight_arr, "weight", shape, ctype), offset, n, ctype)
-    param_row(bias, "bias", shape, ctype)
+    a = prepare(x, normalized_shape, weight=weight, bias=bias, eps=eps, offset=offset,
+                partial=partial, others={"dx_tan": dx_tan})
+    x, shape, xrows, eps, m, n, k_feat = a.x, a.shape, a.rows, a.eps, a.m, a.n, a.k_feat
+    t = a.others["dx_tan"]
+    ctype = compute_dtype(x, t, a.weight)
+    wt = _scale_offset(param_as_row(a.weight, ctype), a.offset, n, ctype)
     dw_t = param_row(dweight_tan, "dweight_tan", shape, ctype)
     db_t = param_row(dbias_tan, "dbias_tan", shape, ctype)
     trows = t.reshape(m, n)
@@ -561,17 +547,12 @@ def rms_norm_double_backward(
     RMSNormDoubleGrads
         ``(dx, dweight, ddy)`` in the dtypes of ``x``, ``weight`` (None without weight), ``dy``.
     """
-    x_in, shape, xrows = prepare_input(x, normalized_shape)
-    dy_in = as_array(dy, "dy")
-    check_same_shape(dy_in, x_in, "dy")
-    ddx_in = as_array(ddx, "ddx")
-    check_same_shape(ddx_in, x_in, "ddx")
-    weight_in = None if weight is None else as_array(weight, "weight")
+    a = prepare(x, normalized_shape, weight=weight, eps=eps, offset=offset, partial=partial,
+                others={"dy": dy, "ddx": ddx})
+    x_in, shape, xrows, eps, m, n, k_feat = a.x, a.shape, a.rows, a.eps, a.m, a.n, a.k_feat
+    dy_in, ddx_in, weight_in = a.others["dy"], a.others["ddx"], a.weight
     ctype = compute_dtype(x_in, dy_in, ddx_in, weight_in)
-    eps = resolve_eps(eps, x_in.dtype)
-    m, n = xrows.shape
-    k_feat = resolve_partial(partial, n)
-    wt = _scale_offset(param_row(weight_in, "weight", shape, ctype), offset, n, ctype)
+    wt = _scale_offset(param_as_row(weight_in, ctype), a.offset, n, ctype)
     ddw = param_row(ddweight, "ddweight", shape, ctype)
     ddb = param_row(ddbias, "ddbias", shape, ctype)
     mask = np.zeros((1, n), ctype)

@@ -29,15 +29,12 @@ from rmsref._module import NormModule
 from rmsref._rounding import round_to
 from rmsref._shapes import (
     ShapeLike,
-    as_array,
     check_out,
-    check_same_shape,
-    check_stat,
     compute_dtype,
     into_out,
+    param_as_row,
     param_row,
-    prepare_input,
-    resolve_eps,
+    prepare,
     resolve_out_dtype,
     result_dtype,
     rows_into,
@@ -97,15 +94,13 @@ def unit_norm_forward(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Unit-norm forward, eqs. (1)-(4): ``(y, rnorm)``, rnorm float64 with keepdims shape.
     ``out``: where to write y (as :func:`rmsref.rms_norm`)."""
-    x, shape, xrows = prepare_input(x, normalized_shape)
-    weight_arr = None if weight is None else as_array(weight, "weight")
-    ctype = compute_dtype(x, weight_arr)
-    eps = resolve_eps(eps, x.dtype, default=0.0)
+    a = prepare(x, normalized_shape, weight=weight, bias=bias, eps=eps, eps_default=0.0)
+    x, shape, xrows, eps, m, n = a.x, a.shape, a.rows, a.eps, a.m, a.n
+    ctype = compute_dtype(x, a.weight)
     dtype = result_dtype(resolve_out_dtype(out_dtype, x), ctype)
-    m, n = xrows.shape
-    wt = _scale_offset(param_row(weight_arr, "weight", shape, ctype), 0.0, n, ctype)
-    b = param_row(bias, "bias", shape, ctype)
-    out = check_out(out, x.shape, dtype, {"x": x, "weight": weight_arr, "bias": bias})
+    wt = _scale_offset(param_as_row(a.weight, ctype), 0.0, n, ctype)
+    b = param_as_row(a.bias, ctype)
+    out = check_out(out, x.shape, dtype, {"x": x, "weight": a.weight, "bias": a.bias})
 
     y = rows_into(out, m, n, dtype)  # (M, N)
     rnorm = np.empty((m, 1), ctype)
@@ -132,17 +127,13 @@ def unit_norm_backward(
 ) -> UnitNormGrads:
     """Unit-norm backward in closed form, eqs. (5)-(8); ``rnorm`` as saved by the forward.
     ``out``: where to write dx (as :func:`rmsref.rms_norm_backward`)."""
-    x, shape, xrows = prepare_input(x, normalized_shape)
-    dy_arr = as_array(dy, "dy")
-    check_same_shape(dy_arr, x, "dy")
-    weight_arr = None if weight is None else as_array(weight, "weight")
-    bias_arr = None if bias is None else as_array(bias, "bias")
+    a = prepare(x, normalized_shape, weight=weight, bias=bias, eps=eps, eps_default=0.0,
+                others={"dy": dy}, stats={"rnorm": rnorm})
+    x, shape, xrows, eps, m, n = a.x, a.shape, a.rows, a.eps, a.m, a.n
+    dy_arr, weight_arr, bias_arr = a.others["dy"], a.weight, a.bias  # the bias enters no result
     ctype = compute_dtype(x, dy_arr, weight_arr)
-    eps = resolve_eps(eps, x.dtype, default=0.0)
-    m, n = xrows.shape
-    wt = _scale_offset(param_row(weight_arr, "weight", shape, ctype), 0.0, n, ctype)
-    param_row(bias_arr, "bias", shape, ctype)
-    saved = check_stat(rnorm, x, shape, "rnorm")
+    wt = _scale_offset(param_as_row(weight_arr, ctype), 0.0, n, ctype)
+    saved = a.stats["rnorm"]
     dyrows = dy_arr.reshape(m, n)
     dx_dtype = result_dtype(x.dtype, ctype)
     out = check_out(out, x.shape, dx_dtype, {"dy": dy_arr, "x": x, "weight": weight_arr,
@@ -184,18 +175,14 @@ def unit_norm_backward_staged(
 ) -> UnitNormGrads:
     """Unit-norm backward, one line per forward node, reversed (teaching version; no scaling)."""
     del rnorm  # recomputed below, node by node
-    x_in, shape, _ = prepare_input(x, normalized_shape)
-    dy_in = as_array(dy, "dy")
-    check_same_shape(dy_in, x_in, "dy")
-    weight_in = None if weight is None else as_array(weight, "weight")
-    bias_in = None if bias is None else as_array(bias, "bias")
+    a = prepare(x, normalized_shape, weight=weight, bias=bias, eps=eps, eps_default=0.0,
+                others={"dy": dy})
+    x_in, shape, eps, n = a.x, a.shape, a.eps, a.n
+    dy_in, weight_in, bias_in = a.others["dy"], a.weight, a.bias
     ctype = compute_dtype(x_in, dy_in, weight_in)
-    eps = resolve_eps(eps, x_in.dtype, default=0.0)
-    n = int(np.prod(shape))
-    x = x_in.reshape(-1, n).astype(ctype)  # (M, N)
+    x = a.rows.astype(ctype)  # (M, N)
     dy = dy_in.reshape(-1, n).astype(ctype)  # (M, N)
-    w = param_row(weight_in, "weight", shape, ctype)
-    param_row(bias_in, "bias", shape, ctype)
+    w = param_as_row(weight_in, ctype)
 
     with np.errstate(all="ignore"):
         # forward, one node per line
@@ -239,15 +226,11 @@ def unit_norm_jvp(
     dbias_tan: Any = None,
 ) -> np.ndarray:
     """Forward-mode derivative: ``w ⊙ rnorm·(t − xhat·Σ xhat⊙t) + xhat ⊙ dweight_t + dbias_t``."""
-    x, shape, xrows = prepare_input(x, normalized_shape)
-    t = as_array(dx_tan, "dx_tan")
-    check_same_shape(t, x, "dx_tan")
-    weight_arr = None if weight is None else as_array(weight, "weight")
-    ctype = compute_dtype(x, t, weight_arr)
-    eps = resolve_eps(eps, x.dtype, default=0.0)
-    m, n = xrows.shape
-    wt = _scale_offset(param_row(weight_arr, "weight", shape, ctype), 0.0, n, ctype)
-    param_row(bias, "bias", shape, ctype)
+    a = prepare(x, normalized_shape, weight=weight, bias=bias, eps=eps, eps_default=0.0,
+                others={"dx_tan": dx_tan})
+    x, shape, xrows, eps, m, n, t = a.x, a.shape, a.rows, a.eps, a.m, a.n, a.others["dx_tan"]
+    ctype = compute_dtype(x, t, a.weight)
+    wt = _scale_offset(param_as_row(a.weight, ctype), 0.0, n, ctype)
     dw_t = param_row(dweight_tan, "dweight_tan", shape, ctype)
     db_t = param_row(dbias_tan, "dbias_tan", shape, ctype)
     trows = t.reshape(m, n)
