@@ -280,6 +280,13 @@ def rms_norm_forward(
     """
     a = prepare(x, normalized_shape, weight=weight, bias=bias, eps=eps, offset=offset,
                 partial=partial)
+    return _forward(a, out_dtype, out)
+
+
+def _forward(
+    a: NormInputs, out_dtype: Any, out: np.ndarray | None, divisor: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Eqs. (1)-(4) on checked inputs: ``(y, rstd)``; ``divisor`` as in ``_stats_rows``."""
     x, shape, xrows, k_feat, m, n = a.x, a.shape, a.rows, a.k_feat, a.m, a.n
     ctype = compute_dtype(x, a.weight)
     dtype = result_dtype(resolve_out_dtype(out_dtype, x), ctype)
@@ -291,7 +298,7 @@ def rms_norm_forward(
     rstd = np.empty((m, 1), ctype)
     with np.errstate(all="ignore"):  # NaN/Inf rows propagate as PyTorch's do
         for rows in _sumsq.row_chunks(m, n):
-            xhat, rstd[rows] = _stats_rows(xrows[rows].astype(ctype), a.eps, k_feat)
+            xhat, rstd[rows] = _stats_rows(xrows[rows].astype(ctype), a.eps, k_feat, divisor)
             yr = xhat * wt  # (m, N)  eq. (4)
             if b is not None:
                 yr += b
@@ -342,15 +349,23 @@ def rms_norm_backward(
     """
     a = prepare(x, normalized_shape, weight=weight, bias=bias, eps=eps, offset=offset,
                 partial=partial, others={"dy": dy}, stats={"rstd": rstd})
+    return RMSNormGrads(*_backward(a, "rstd", out))
+
+
+def _backward(
+    a: NormInputs, stat: str, out: np.ndarray | None, divisor: int | None = None
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Eqs. (5)-(9) on checked inputs: ``(dx, dweight, dbias)``; ``stat`` names the saved
+    statistic in ``a.stats``; ``divisor`` as in ``_stats_rows``."""
     x, shape, xrows, k_feat, m, n, eps = a.x, a.shape, a.rows, a.k_feat, a.m, a.n, a.eps
     dy_arr, weight_arr, bias_arr = a.others["dy"], a.weight, a.bias  # the bias enters no result
     ctype = compute_dtype(x, dy_arr, weight_arr)
     wt = _scale_offset(param_as_row(weight_arr, ctype), a.offset, n, ctype)
-    saved = a.stats["rstd"]
+    saved = a.stats[stat]
     dyrows = dy_arr.reshape(m, n)
     dx_dtype = result_dtype(x.dtype, ctype)
     out = check_out(out, x.shape, dx_dtype, {"dy": dy_arr, "x": x, "weight": weight_arr,
-                                             "rstd": rstd})
+                                             stat: saved})
 
     dx = rows_into(out, m, n, dx_dtype)  # (M, N)
     dweight = _ColumnSum(n, ctype)
@@ -359,22 +374,20 @@ def rms_norm_backward(
         for rows in _sumsq.row_chunks(m, n):
             xr = xrows[rows].astype(ctype)
             if saved is None:
-                xhat, rstd_r = _stats_rows(xr, eps, k_feat)
+                xhat, rstd_r = _stats_rows(xr, eps, k_feat, divisor)
             else:
                 rstd_r = saved[rows].astype(ctype)
                 xhat = xr * rstd_r  # eq. (3) with the kernel's own statistic
             dyr = dyrows[rows].astype(ctype)
             dxhat = dyr * wt  # (m, N)  eq. (5)
-            dx[rows] = round_to(_dx_rows(dxhat, xhat, rstd_r, k_feat), dx.dtype)  # eqs. (6)-(7)
+            dx[rows] = round_to(_dx_rows(dxhat, xhat, rstd_r, k_feat, divisor),  # eqs. (6)-(7)
+                                dx.dtype)
             if weight_arr is not None:
                 dweight.add(dyr * xhat)  # eq. (8)
             if bias_arr is not None:
                 dbias.add(dyr)  # eq. (9)
-    return RMSNormGrads(
-        into_out(dx, out, x.shape),
-        _grad_out(dweight.value(), weight_arr, shape),
-        _grad_out(dbias.value(), bias_arr, shape),
-    )
+    return (into_out(dx, out, x.shape), _grad_out(dweight.value(), weight_arr, shape),
+            _grad_out(dbias.value(), bias_arr, shape))
 
 
 def rms_norm_backward_staged(

@@ -29,18 +29,13 @@ from rmsref._module import NormModule
 from rmsref._rounding import round_to
 from rmsref._shapes import (
     ShapeLike,
-    check_out,
     compute_dtype,
-    into_out,
     param_as_row,
     param_row,
     prepare,
-    resolve_out_dtype,
     result_dtype,
-    rows_into,
-    stat_shape,
 )
-from rmsref.rmsnorm import _ColumnSum, _dx_rows, _grad_out, _scale_offset, _stats_rows
+from rmsref.rmsnorm import _backward, _forward, _grad_out, _scale_offset, _stats_rows
 
 __all__ = [
     "UnitNorm",
@@ -95,23 +90,7 @@ def unit_norm_forward(
     """Unit-norm forward, eqs. (1)-(4): ``(y, rnorm)``, rnorm float64 with keepdims shape.
     ``out``: where to write y (as :func:`rmsref.rms_norm`)."""
     a = prepare(x, normalized_shape, weight=weight, bias=bias, eps=eps, eps_default=0.0)
-    x, shape, xrows, eps, m, n = a.x, a.shape, a.rows, a.eps, a.m, a.n
-    ctype = compute_dtype(x, a.weight)
-    dtype = result_dtype(resolve_out_dtype(out_dtype, x), ctype)
-    wt = _scale_offset(param_as_row(a.weight, ctype), 0.0, n, ctype)
-    b = param_as_row(a.bias, ctype)
-    out = check_out(out, x.shape, dtype, {"x": x, "weight": a.weight, "bias": a.bias})
-
-    y = rows_into(out, m, n, dtype)  # (M, N)
-    rnorm = np.empty((m, 1), ctype)
-    with np.errstate(all="ignore"):
-        for rows in _sumsq.row_chunks(m, n):
-            xhat, rnorm[rows] = _stats_rows(xrows[rows].astype(ctype), eps, n, divisor=1)
-            yr = xhat * wt  # (m, N)  eq. (4)
-            if b is not None:
-                yr += b
-            y[rows] = round_to(yr, dtype)
-    return into_out(y, out, x.shape), rnorm.reshape(stat_shape(x, shape))
+    return _forward(a, out_dtype, out, divisor=1)
 
 
 def unit_norm_backward(
@@ -129,38 +108,7 @@ def unit_norm_backward(
     ``out``: where to write dx (as :func:`rmsref.rms_norm_backward`)."""
     a = prepare(x, normalized_shape, weight=weight, bias=bias, eps=eps, eps_default=0.0,
                 others={"dy": dy}, stats={"rnorm": rnorm})
-    x, shape, xrows, eps, m, n = a.x, a.shape, a.rows, a.eps, a.m, a.n
-    dy_arr, weight_arr, bias_arr = a.others["dy"], a.weight, a.bias  # the bias enters no result
-    ctype = compute_dtype(x, dy_arr, weight_arr)
-    wt = _scale_offset(param_as_row(weight_arr, ctype), 0.0, n, ctype)
-    saved = a.stats["rnorm"]
-    dyrows = dy_arr.reshape(m, n)
-    dx_dtype = result_dtype(x.dtype, ctype)
-    out = check_out(out, x.shape, dx_dtype, {"dy": dy_arr, "x": x, "weight": weight_arr,
-                                             "rnorm": rnorm})
-
-    dx = rows_into(out, m, n, dx_dtype)  # (M, N)
-    dweight = _ColumnSum(n, ctype)
-    dbias = _ColumnSum(n, ctype)
-    with np.errstate(all="ignore"):
-        for rows in _sumsq.row_chunks(m, n):
-            xr = xrows[rows].astype(ctype)
-            if saved is None:
-                xhat, rnorm_r = _stats_rows(xr, eps, n, divisor=1)
-            else:
-                rnorm_r = saved[rows].astype(ctype)
-                xhat = xr * rnorm_r
-            dyr = dyrows[rows].astype(ctype)
-            dx[rows] = round_to(_dx_rows(dyr * wt, xhat, rnorm_r, n, divisor=1), dx.dtype)
-            if weight_arr is not None:
-                dweight.add(dyr * xhat)
-            if bias_arr is not None:
-                dbias.add(dyr)
-    return UnitNormGrads(
-        into_out(dx, out, x.shape),
-        _grad_out(dweight.value(), weight_arr, shape),
-        _grad_out(dbias.value(), bias_arr, shape),
-    )
+    return UnitNormGrads(*_backward(a, "rnorm", out, divisor=1))
 
 
 def unit_norm_backward_staged(
