@@ -271,8 +271,9 @@ class Observation:
         return np.asarray(a, np.float64).reshape(-1, self.n)
 
     @property
-    def x2(self) -> np.ndarray:
-        return self._cached("x2", lambda: self.rows(self.x))
+    def xrows(self) -> np.ndarray:
+        """x as (M, N) float64 rows."""
+        return self._cached("xrows", lambda: self.rows(self.x))
 
     @property
     def w(self) -> np.ndarray:
@@ -281,8 +282,9 @@ class Observation:
                             np.asarray(self.weight, np.float64).reshape(self.n))
 
     @property
-    def g2(self) -> np.ndarray:
-        return self._cached("g2", lambda: self.rows(self.dy))
+    def dyrows(self) -> np.ndarray:
+        """dy as (M, N) float64 rows."""
+        return self._cached("dyrows", lambda: self.rows(self.dy))
 
     def _cached(self, key: str, make_value: Callable[[], Any]) -> Any:
         if key not in self._cache:
@@ -441,7 +443,7 @@ class _Groups:
 
 
 def _groups(h: Hypothesis, obs: Observation) -> _Groups | None:
-    rows, n = obs.x2.shape
+    rows, n = obs.xrows.shape
     if h.stat_group is None:
         return _Groups(lambda a: a, lambda a: a)
     if h.stat_group == "rows":
@@ -533,11 +535,11 @@ def predict(h: Hypothesis, obs: Observation) -> Prediction | None:
                             or h.dweight == "half_sum"):
         return None                                    # last-bit effects of 16-bit types only
     model = obs.model
-    x2 = obs.x2
+    xrows = obs.xrows
     if h.as_float32:
         if dt != np.float64:
             return None
-        x2 = x2.astype(np.float32).astype(np.float64)
+        xrows = xrows.astype(np.float32).astype(np.float64)
         model = replace(model, out_dtype=np.dtype(np.float32), acc_dtype=np.dtype(np.float32))
     # (code without a weight has no offset to get wrong: its path skips the scale)
     w_eff = obs.w + obs.offset + (h.offset if obs.weight is not None else 0.0)
@@ -545,10 +547,10 @@ def predict(h: Hypothesis, obs: Observation) -> Prediction | None:
         if obs.weight is None or obs.weight.dtype not in _HALF or not (obs.offset + h.offset):
             return None
         w_eff = _rt(w_eff, obs.weight.dtype)
-    rows, n = x2.shape
+    rows, n = xrows.shape
     W = np.broadcast_to(w_eff, (rows, n))
     with np.errstate(all="ignore"):
-        X = grp.to_view(x2)
+        X = grp.to_view(xrows)
         fam = _family(h, X, eps, dt)
         xhat = grp.from_view(fam.a * fam.r)                        # (R, N)  x̂ of the mutation
         rstd = grp.from_view(np.broadcast_to(fam.r, fam.a.shape))  # (R, N)  rstd per element
@@ -580,7 +582,7 @@ def _predict_y(h, obs, model, xhat, rstd, W, dt) -> Prediction:
         emulated = _trunc(exact.astype(np.float32).astype(np.float64), dt)
     elif h.precision in ("native", "native_div"):
         k_extra = 2                                               # R_t(x·rstd), then ·w
-        emulated = _rt(_rt(obs.x2 * rstd, dt) * W, dt)          # rstd is already R_t
+        emulated = _rt(_rt(obs.xrows * rstd, dt) * W, dt)          # rstd is already R_t
     elif dt in _HALF:
         emulated = _rt(exact, dt)
     if h.precision is not None:
@@ -590,8 +592,8 @@ def _predict_y(h, obs, model, xhat, rstd, W, dt) -> Prediction:
     if h.centre_num:
         # x − μ is formed with an absolute error of about u·|x| + γ(N)·mean|x| (μ is a sum
         # of N terms), which is no small relative error where x is close to its row's mean
-        scale = np.mean(np.abs(obs.x2), axis=1, keepdims=True)
-        bound = bound + (2.0 * model.u_acc * np.abs(obs.x2) + model.gamma(obs.n) * scale) \
+        scale = np.mean(np.abs(obs.xrows), axis=1, keepdims=True)
+        bound = bound + (2.0 * model.u_acc * np.abs(obs.xrows) + model.gamma(obs.n) * scale) \
             * rstd * np.abs(W)
     return Prediction(exact, bound, emulated)
 
@@ -604,7 +606,7 @@ def _predict_backward(h, obs, model, fam, grp, xhat, rstd, W, w_eff) -> Predicti
         + (1 if h.offset_rounded else 0)
     model = replace(model, k_out=model.k_out + k_extra,
                     acc_dtype=obs.dtype if h.precision else model.acc_dtype)
-    g_view = grp.to_view(obs.g2 * W)                               # (G, K)  g = dy·w
+    g_view = grp.to_view(obs.dyrows * W)                               # (G, K)  g = dy·w
     ga = np.sum(g_view * fam.a, axis=1, keepdims=True)             # (G, 1)  Σ g·a
     if obs.quantity == "dx":
         direct = fam.r * (g_view - (np.mean(g_view, axis=1, keepdims=True)
@@ -628,9 +630,9 @@ def _predict_backward(h, obs, model, fam, grp, xhat, rstd, W, w_eff) -> Predicti
         bound = tol.bound_dx_of_magnitude(exact, m, model)
         return Prediction(exact, bound, emulated)
     # dweight: Σ_rows dy·x̂ (dy·x̂ per row, then the rows the hypothesis sums)
-    terms = obs.g2 * xhat                                          # (R, N)
+    terms = obs.dyrows * xhat                                          # (R, N)
     if h.dweight == "from_x":
-        terms = obs.g2 * obs.x2
+        terms = obs.dyrows * obs.xrows
     elif h.dweight == "times_w":
         terms = terms * w_eff
     exact = _reduce_rows(terms, h.dweight)
@@ -640,7 +642,7 @@ def _predict_backward(h, obs, model, fam, grp, xhat, rstd, W, w_eff) -> Predicti
         if obs.dtype not in _HALF:
             return None
         model = replace(model, acc_dtype=obs.dtype)
-    bound = tol.bound_dweight(exact.reshape(-1), obs.g2, xhat, model).reshape(1, -1) \
+    bound = tol.bound_dweight(exact.reshape(-1), obs.dyrows, xhat, model).reshape(1, -1) \
         if exact.size == obs.n else None
     if bound is None:
         return None
@@ -711,14 +713,14 @@ def score(h: Hypothesis, obs: Observation) -> Score | None:
 def _readback_rstd(obs: Observation, h: Hypothesis) -> np.ndarray | None:
     """Per row: the rstd the implementation used, read from y / ((w + offset)·a)."""
     w_eff = obs.w + obs.offset + h.offset
-    x2 = obs.x2
-    a = x2 - np.mean(x2, axis=1, keepdims=True) if h.centre_num else x2
+    xrows = obs.xrows
+    a = xrows - np.mean(xrows, axis=1, keepdims=True) if h.centre_num else xrows
     den = a * w_eff
     with np.errstate(all="ignore"):
         q = obs.got / den
     ok = np.isfinite(q) & (np.abs(den) > 1e-30)
-    out = np.full((x2.shape[0], 1), np.nan)
-    for i in range(x2.shape[0]):
+    out = np.full((xrows.shape[0], 1), np.nan)
+    for i in range(xrows.shape[0]):
         v = q[i][ok[i]]
         if v.size:
             out[i, 0] = np.median(v)
@@ -734,7 +736,7 @@ def fit_eps(obs_list: Sequence[Observation], h: Hypothesis) -> float | None:
         r = _readback_rstd(obs, h)
         if r is None:
             continue
-        b = obs.x2 - np.mean(obs.x2, axis=1, keepdims=True) if h.centre_stat else obs.x2
+        b = obs.xrows - np.mean(obs.xrows, axis=1, keepdims=True) if h.centre_stat else obs.xrows
         d = {"N": obs.n, "N-1": max(obs.n - 1, 1), "1": 1}[h.divisor]
         s = np.sum(b * b, axis=1, keepdims=True) / d
         with np.errstate(all="ignore"):
@@ -755,8 +757,8 @@ def fit_offset(obs_list: Sequence[Observation]) -> float | None:
         if obs.quantity != "y" or obs.weight is None:
             continue
         with np.errstate(all="ignore"):
-            rstd = 1.0 / np.sqrt(np.mean(obs.x2 ** 2, axis=1, keepdims=True) + obs.eps)
-            xhat = obs.x2 * rstd
+            rstd = 1.0 / np.sqrt(np.mean(obs.xrows ** 2, axis=1, keepdims=True) + obs.eps)
+            xhat = obs.xrows * rstd
             d = obs.got / xhat - (obs.w + obs.offset)
         d = d[np.isfinite(d) & (np.abs(xhat) > 0.1)]
         fits.extend(d.tolist())
@@ -804,8 +806,8 @@ def fit_dweight_rows(obs_list: Sequence[Observation]) -> list[str]:
         if obs.quantity != "dweight":
             continue
         with np.errstate(all="ignore"):
-            rstd = 1.0 / np.sqrt(np.mean(obs.x2 ** 2, axis=1, keepdims=True) + obs.eps)
-            terms = obs.g2 * obs.x2 * rstd                 # (R, N)  dy·x̂ per row
+            rstd = 1.0 / np.sqrt(np.mean(obs.xrows ** 2, axis=1, keepdims=True) + obs.eps)
+            terms = obs.dyrows * obs.xrows * rstd                 # (R, N)  dy·x̂ per row
         got = obs.got.reshape(-1)
         for kind, part in (("prefix", terms), ("suffix", terms[::-1])):
             cum = np.cumsum(part, axis=0)                   # (R, N)  sums of the first k rows
