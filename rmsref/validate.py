@@ -43,7 +43,7 @@ import numpy as np
 from rmsref import conventions as conv_mod
 from rmsref import diagnosis
 from rmsref import tolerance as tol
-from rmsref._declared import NOTHING_DECLARED, Declared, NormalizedDims, declared_by
+from rmsref._declared import Declared, NormalizedDims, declared_by
 from rmsref._shapes import FLOAT_DTYPES
 from rmsref._shapes import to_numpy as _as_numpy
 from rmsref.comparison import Comparison, Reference, compare
@@ -424,7 +424,8 @@ def _row_status(results) -> str:
 # ------------------------------------------------------------------------------------------------
 
 
-def _rows2(a: np.ndarray, n: int) -> np.ndarray:
+def _as_rows(a: np.ndarray, n: int) -> np.ndarray:
+    """``a`` as (M, N) float64 rows."""
     return np.asarray(a, dtype=np.float64).reshape(-1, n)
 
 
@@ -572,14 +573,12 @@ def validate(
     dtype_list = [d if isinstance(d, str) else np.dtype(d).name for d in dtypes]
     for d in dtype_list:
         _dt(d)
-    cases: list[CaseResult] = []
-    diag = _Diagnoser()
-    total = len(probe_list) * len(dtype_list)
-    done = 0
-    offset = conv.default_offset
     declared = declared_by(forward).overridden(eps_default=eps_default,
                                                normalized_dims=normalized_dims)
-    conv, notes = _as_declared(conv, declared)
+    declared_conv, notes = _as_declared(conv, declared)
+    run = _Run(forward, backward, declared_conv, conv.default_offset, form, seed, declared)
+    total = len(probe_list) * len(dtype_list)
+    done = 0
 
     for dname in dtype_list:
         dt = _dt(dname)
@@ -587,26 +586,19 @@ def validate(
             rng = np.random.default_rng([seed, ALL_PROBES.index(probe), list(FLOAT_DTYPES).index(
                 dname)])
             for c in _make_cases(probe, dt, rng, shapes, eps):
-                reason = _not_applicable(c, declared)
-                if reason:
-                    cases.append(CaseResult(c.probe, dname, "y", tuple(c.x.shape), False,
-                                            not_applicable=reason))
-                    continue
-                if not declared.has_weight:
-                    c.weight = None
-                _check_case(c, dname, dt, forward, backward, conv, offset, form, cases, diag)
+                run.check_case(c, dname, dt)
             done += 1
             if progress is not None:
                 progress(done, total, f"{probe}/{dname}")
-        if conv.order_rival and dt in (FLOAT_DTYPES["float16"],
-                                                  FLOAT_DTYPES["bfloat16"]):
-            _check_order(forward, convention, dname, dt, seed, cases, diag, declared)
+        if conv.order_rival and dt in (FLOAT_DTYPES["float16"], FLOAT_DTYPES["bfloat16"]):
+            run.check_order(convention, dname, dt)
         if repeat:
-            _check_repeat(forward, backward, dname, dt, seed, cases, diag, declared)
+            run.check_repeat(dname, dt)
     if backward is not None and "gaussian" in probe_list and "float64" in dtype_list:
-        _check_float64_gradient(forward, backward, conv, seed, cases, diag, declared)
+        run.check_float64_gradient()
 
-    return ValidationReport(convention, tuple(dtype_list), cases, diag.finish(), name, notes)
+    return ValidationReport(convention, tuple(dtype_list), run.cases, run.diag.finish(), name,
+                            notes)
 
 
 def _as_declared(conv: conv_mod.Convention, declared: Declared
@@ -658,105 +650,255 @@ def _label(fn: Callable) -> str:
     return getattr(fn, "__name__", None) or type(fn).__name__
 
 
-def _check_case(c: _Case, dname, dt, forward, backward, conv, offset, form, cases,
-                diag) -> None:
-    """Run probe case ``c`` through the implementation and compare y, dx, dweight with the
-    oracle on the same inputs (:mod:`rmsref.comparison`); record what was seen for the diagnosis."""
-    shape = c.shape
-    n = int(np.prod(shape))
-    where = f"{c.probe}/{dname}"
-    eps_val = conv.default_eps(dt) if c.eps is None else float(c.eps)
-    ref = Reference(c.x, shape, c.weight, eps_val, dy=c.dy, offset=offset)
-    model = conv.error_model(dt, n, ref.rows, form)
-    advisory = c.probe in ADVISORY
-    mask = None
-    if c.skip_rows:
-        mask = np.ones(ref.rows, bool)
-        mask[list(c.skip_rows)] = False
-    shape_arg = shape if len(shape) > 1 else shape[0]
+class _Run:
+    """One ``validate`` call: the implementation, the convention and form it is judged by, and
+    what the checks found (``cases``, and ``diag`` collecting observations for the diagnosis).
 
-    # -- forward ------------------------------------------------------------------------------
-    res = CaseResult(c.probe, dname, "y", tuple(c.x.shape), False, advisory=advisory)
-    cases.append(res)
-    y, err = _call(forward, c.x, shape_arg, c.weight, c.eps)
-    if err or y is None:
-        res.message = (f"forward {_label(forward)} raised {err}" if err else
-                       f"forward {_label(forward)} returned None; expected y shaped like x "
-                       f"{c.x.shape}")
-        res.ratio = math.inf
-    else:
-        y = _as_numpy(y)
-        if y.shape != c.x.shape:
-            res.message = f"y has shape {y.shape}, expected {c.x.shape}"
+    Each check is a method: a probe case, the rounding order, two identical calls, the float64
+    gradient. ``conv`` is the convention with the implementation's declared eps default.
+    """
+
+    def __init__(self, forward: Forward, backward: Backward | None, conv: conv_mod.Convention,
+                 offset: float, form: str, seed: int, declared: Declared) -> None:
+        self.forward, self.backward = forward, backward
+        self.conv, self.offset, self.form, self.seed = conv, offset, form, seed
+        self.declared = declared
+        self.cases: list[CaseResult] = []
+        self.diag = _Diagnoser()
+
+    def check_case(self, c: _Case, dname: str, dt: np.dtype) -> None:
+        """Probe case ``c``, or its "n/a" when it does not apply to what was declared."""
+        reason = _not_applicable(c, self.declared)
+        if reason:
+            self.cases.append(CaseResult(c.probe, dname, "y", tuple(c.x.shape), False,
+                                         not_applicable=reason))
+            return
+        if not self.declared.has_weight:
+            c.weight = None
+        self.compare_case(c, dname, dt)
+
+    def compare_case(self, c: _Case, dname: str, dt: np.dtype) -> None:
+        """Run probe case ``c`` through the implementation and compare y, dx, dweight with the
+        oracle on the same inputs (:mod:`rmsref.comparison`); record what was seen for the
+        diagnosis."""
+        forward, backward, conv, offset = self.forward, self.backward, self.conv, self.offset
+        cases, diag = self.cases, self.diag
+        shape = c.shape
+        n = int(np.prod(shape))
+        where = f"{c.probe}/{dname}"
+        eps_val = conv.default_eps(dt) if c.eps is None else float(c.eps)
+        ref = Reference(c.x, shape, c.weight, eps_val, dy=c.dy, offset=offset)
+        model = conv.error_model(dt, n, ref.rows, self.form)
+        advisory = c.probe in ADVISORY
+        mask = None
+        if c.skip_rows:
+            mask = np.ones(ref.rows, bool)
+            mask[list(c.skip_rows)] = False
+        shape_arg = shape if len(shape) > 1 else shape[0]
+
+        # -- forward ------------------------------------------------------------------------------
+        res = CaseResult(c.probe, dname, "y", tuple(c.x.shape), False, advisory=advisory)
+        cases.append(res)
+        y, err = _call(forward, c.x, shape_arg, c.weight, c.eps)
+        if err or y is None:
+            res.message = (f"forward {_label(forward)} raised {err}" if err else
+                           f"forward {_label(forward)} returned None; expected y shaped like x "
+                           f"{c.x.shape}")
             res.ratio = math.inf
         else:
-            if y.dtype != dt:
-                res.message = f"y has dtype {y.dtype}, expected {dt} (the input dtype)"
-            y2 = _rows2(y, n)
-            _measure(res, compare("y", y2, ref, model, mask_rows=mask))
-            if res.message:
-                res.passed = False
-            if mask is not None:
-                _containment(res, y2, mask)
+            y = _as_numpy(y)
+            if y.shape != c.x.shape:
+                res.message = f"y has shape {y.shape}, expected {c.x.shape}"
+                res.ratio = math.inf
+            else:
+                if y.dtype != dt:
+                    res.message = f"y has dtype {y.dtype}, expected {dt} (the input dtype)"
+                yrows = _as_rows(y, n)
+                _measure(res, compare("y", yrows, ref, model, mask_rows=mask))
+                if res.message:
+                    res.passed = False
+                if mask is not None:
+                    _containment(res, yrows, mask)
+                if not advisory:
+                    diag.observe(_observation(c, "y", yrows, model, res, eps_val, offset, mask))
+
+        # -- backward -----------------------------------------------------------------------------
+        if backward is None or c.probe == "nan_inf":
+            return
+        out, err = _call(backward, c.dy, c.x, shape_arg, c.weight, c.eps)
+        rdx = CaseResult(c.probe, dname, "dx", tuple(c.x.shape), False, advisory=advisory)
+        cases.append(rdx)
+        if err or not isinstance(out, (tuple, list)) or len(out) != 2:
+            rdx.message = (f"backward {_label(backward)} raised {err}" if err else
+                           f"backward {_label(backward)} returned {_returned(out)}; expected the "
+                           "pair (dx, dweight) (dweight None when there is no weight)")
+            rdx.ratio = math.inf
+            return
+        dx, dw = out[0], out[1] if len(out) > 1 else None
+        dx = _as_numpy(dx)
+        if dx.shape != c.x.shape:
+            rdx.message = f"dx has shape {dx.shape}, expected {c.x.shape}"
+            rdx.ratio = math.inf
+        else:
+            _measure(rdx, compare("dx", dx, ref, model))
+            if dx.dtype != dt:
+                rdx.message = f"dx has dtype {dx.dtype}, expected {dt}"
+                rdx.passed = False
             if not advisory:
-                diag.observe(_observation(c, "y", y2, model, res, eps_val, offset, mask))
-
-    # -- backward -----------------------------------------------------------------------------
-    if backward is None or c.probe == "nan_inf":
-        return
-    out, err = _call(backward, c.dy, c.x, shape_arg, c.weight, c.eps)
-    rdx = CaseResult(c.probe, dname, "dx", tuple(c.x.shape), False, advisory=advisory)
-    cases.append(rdx)
-    if err or not isinstance(out, (tuple, list)) or len(out) != 2:
-        rdx.message = (f"backward {_label(backward)} raised {err}" if err else
-                       f"backward {_label(backward)} returned {_returned(out)}; expected the "
-                       "pair (dx, dweight) (dweight None when there is no weight)")
-        rdx.ratio = math.inf
-        return
-    dx, dw = out[0], out[1] if len(out) > 1 else None
-    dx = _as_numpy(dx)
-    if dx.shape != c.x.shape:
-        rdx.message = f"dx has shape {dx.shape}, expected {c.x.shape}"
-        rdx.ratio = math.inf
-    else:
-        _measure(rdx, compare("dx", dx, ref, model))
-        if dx.dtype != dt:
-            rdx.message = f"dx has dtype {dx.dtype}, expected {dt}"
-            rdx.passed = False
+                diag.observe(_observation(c, "dx", _as_rows(dx, n), model, rdx, eps_val, offset))
+        if c.weight is None:
+            return
+        rdw = CaseResult(c.probe, dname, "dweight", tuple(c.weight.shape), False, advisory=advisory)
+        cases.append(rdw)
+        if dw is None:
+            rdw.message = "backward returned no dweight"
+            rdw.ratio = math.inf
+            return
+        dw = _as_numpy(dw)
+        if dw.size != n or (dw.shape != c.weight.shape and dw.shape != (n,)):
+            rdw.message = f"dweight has shape {dw.shape}, expected {c.weight.shape}"
+            rdw.ratio = math.inf
+            diag.add("dweight_reduction", where, rdw, rows_used=f"dweight has shape {dw.shape}, "
+                     f"the weight {c.weight.shape}: summed over the wrong axes")
+            return
+        _measure(rdw, compare("dweight", dw, ref, model))
         if not advisory:
-            diag.observe(_observation(c, "dx", _rows2(dx, n), model, rdx, eps_val, offset))
-    if c.weight is None:
-        return
-    rdw = CaseResult(c.probe, dname, "dweight", tuple(c.weight.shape), False, advisory=advisory)
-    cases.append(rdw)
-    if dw is None:
-        rdw.message = "backward returned no dweight"
-        rdw.ratio = math.inf
-        return
-    dw = _as_numpy(dw)
-    if dw.size != n or (dw.shape != c.weight.shape and dw.shape != (n,)):
-        rdw.message = f"dweight has shape {dw.shape}, expected {c.weight.shape}"
-        rdw.ratio = math.inf
-        diag.add("dweight_reduction", where, rdw, rows_used=f"dweight has shape {dw.shape}, "
-                 f"the weight {c.weight.shape}: summed over the wrong axes")
-        return
-    _measure(rdw, compare("dweight", dw, ref, model))
-    if not advisory:
-        diag.observe(_observation(c, "dweight", dw.reshape(1, n), model, rdw, eps_val, offset))
+            diag.observe(_observation(c, "dweight", dw.reshape(1, n), model, rdw, eps_val, offset))
+
+    def check_order(self, convention: str, dname: str, dt: np.dtype) -> None:
+        """On half types, the rounding order must be the convention's (bit-exact majority)."""
+        forward, seed, declared = self.forward, self.seed, self.declared
+        cases, diag = self.cases, self.diag
+        rival = conv_mod.get(convention).order_rival
+        rng = np.random.default_rng([seed, 99])
+        n = 768
+        x = _cast(2.0 * rng.standard_normal((32, n)), dt)
+        w = _cast(1.0 + 0.3 * rng.standard_normal(n), dt) if declared.has_weight else None
+        eps = 1e-5 if declared.takes_eps else None     # None: the implementation's own eps
+        eps_emul = eps if eps is not None else declared.eps_default
+        res = CaseResult("order", dname, "order", tuple(x.shape), False)
+        cases.append(res)
+        y, err = _call(forward, x, n, w, eps)
+        if err or y is None:
+            res.message = f"forward {_label(forward)} raised {err}" if err else (
+                f"forward {_label(forward)} returned None")
+            res.ratio = math.inf
+            return
+        yrows = _as_rows(y, n)
+        # The implementation's own rstd (read back from a float32 run) keeps last-bit differences of
+        # its sum out of the comparison; without it, ours (correctly rounded) is used. A 1 + w
+        # module is read back with w = 0, the neutral weight of its convention.
+        offset = conv_mod.get(convention).default_offset
+        r = conv_mod.estimate_rstd(forward, x, eps, offset=offset)
+        own = _match(yrows, conv_mod.emulate(convention, x, w, eps_emul, rstd=r), n)
+        alt = _match(yrows, conv_mod.emulate(rival, x, w, eps_emul, rstd=r), n)
+        res.max_rel = 1.0 - own                # fraction of elements not bit-identical
+        res.ratio = (1.0 - own) / max(1.0 - alt, 1e-12) if own < alt else 0.0
+        res.passed = own >= alt or alt < 0.5    # neither order fits: other checks say why
+        res.message = f"bit-exact with '{convention}' {own:.1%}, with '{rival}' {alt:.1%}"
+        if not res.passed:
+            _order_diagnosis(diag, convention, rival, own, alt, f"order/{dname}", res)
+
+    def check_repeat(self, dname: str, dt: np.dtype) -> None:
+        """Two identical calls must give identical bits (forward and, when given, backward)."""
+        forward, backward, seed, declared = self.forward, self.backward, self.seed, self.declared
+        cases, diag = self.cases, self.diag
+        rng = np.random.default_rng([seed, 98])
+        n = 1024
+        x = _cast(2.0 * rng.standard_normal((64, n)), dt)
+        w = _cast(1.0 + 0.3 * rng.standard_normal(n), dt) if declared.has_weight else None
+        g = _cast(rng.standard_normal((64, n)), dt)
+        res = CaseResult("repeat", dname, "repeat", tuple(x.shape), True)
+        cases.append(res)
+        y1, e1 = _call(forward, x, n, w, None)
+        y2, e2 = _call(forward, x, n, w, None)
+        if e1 or e2:
+            res.passed, res.message = False, f"forward {_label(forward)} raised {e1 or e2}"
+            return
+        bad = []
+        if not _same_bits(y1, y2):
+            bad.append("y")
+        if backward is not None:
+            o1, e1 = _call(backward, g, x, n, w, None)
+            o2, e2 = _call(backward, g, x, n, w, None)
+            if not (e1 or e2):
+                if not _same_bits(o1[0], o2[0]):
+                    bad.append("dx")
+                if len(o1) > 1 and o1[1] is not None and not _same_bits(o1[1], o2[1]):
+                    bad.append("dweight")
+        if bad:
+            res.passed = False
+            res.message = "two identical calls gave different bits in " + ", ".join(bad)
+            what = "dweight" if bad == ["dweight"] else "/".join(bad)
+            diag.add("nondeterministic", f"repeat/{dname}", res, what=what)
+
+    def check_float64_gradient(self) -> None:
+        """In float64, the backward must be the derivative of the implementation's *own* forward.
+
+        Directional central differences along a random v (and a random weight direction):
+        <dy, (f(x + hv) − f(x − hv)) / 2h> must equal <dx, v> (+ <dw, v_w>) to ~1e-7 relative
+        (truncation h² ≈ 1e-10, rounding u/h ≈ 1e-10 of the terms' size). Skipped (not failed) when
+        the implementation refuses float64 or computes below float64 accuracy.
+        """
+        forward, backward, seed, declared = self.forward, self.backward, self.seed, self.declared
+        cases, diag = self.cases, self.diag
+        rng = np.random.default_rng([seed, 97])
+        m, n = 4, 64
+        x = 2.0 * rng.standard_normal((m, n))
+        w = 1.0 + 0.3 * rng.standard_normal(n)
+        g = rng.standard_normal((m, n))
+        v = rng.standard_normal((m, n))
+        vw = rng.standard_normal(n)
+        if not declared.has_weight:
+            w, vw = None, np.zeros(n)
+        eps = 1e-5 if declared.takes_eps else None
+        res = CaseResult("gradcheck", "float64", "dx", (m, n), True)
+        y0, err = _call(forward, x, n, w, eps)
+        if err or y0 is None or np.asarray(y0).dtype != np.float64:
+            return                                              # no float64 support: nothing to do
+        cases.append(res)
+        out, err = _call(backward, g, x, n, w, eps)
+        if err or out is None:
+            res.passed, res.ratio = False, math.inf
+            res.message = f"backward raised {err} in float64"
+            return
+        h = 1e-6
+        yp = np.asarray(forward(x + h * v, n, None if w is None else w + h * vw, eps), np.float64)
+        ym = np.asarray(forward(x - h * v, n, None if w is None else w - h * vw, eps), np.float64)
+        # Second difference y(x+hv) − 2y(x) + y(x−hv) = O(h²) ≈ 1e-12 for a float64 computation; far
+        # larger means float64 in name only (e.g. an internal cast to float32): h is then too small.
+        y0 = np.asarray(y0, np.float64)
+        if not np.max(np.abs(yp - 2.0 * y0 + ym)) <= 1e-9 * np.max(np.abs(y0)):
+            cases.remove(res)
+            return
+        fd = float(np.sum(g * (yp - ym)) / (2 * h))             # directional derivative of <g, f>
+        dx = np.asarray(out[0], np.float64)
+        dw = np.zeros(n) if out[1] is None else np.asarray(out[1], np.float64).reshape(-1)
+        if dx.shape != x.shape or dw.size != n:
+            res.message = "gradcheck skipped: dx or dweight has the wrong shape (reported above)"
+            return
+        an = float(np.sum(dx * v) + np.sum(dw * vw))            # the backward's answer
+        scale = float(np.sum(np.abs(g * (yp - ym))) / (2 * h)) + 1e-300
+        res.max_abs = abs(fd - an)
+        res.ratio = res.max_abs / (1e-7 * scale)
+        res.passed = res.ratio <= 1.0
+        res.message = f"<dy, J v> by central differences {fd:.10g}, from the backward {an:.10g}"
+        if not res.passed:
+            diag.add("inconsistent_backward", "gradcheck/float64", res)
 
 
-def _observation(c: _Case, quantity: str, got2: np.ndarray, model: tol.ErrorModel,
+def _observation(c: _Case, quantity: str, got_rows: np.ndarray, model: tol.ErrorModel,
                  res: CaseResult, eps_val: float, offset: float,
                  mask: np.ndarray | None = None) -> diagnosis.Observation:
     """What the diagnosis engine needs of one compared quantity."""
     return diagnosis.Observation(
         c.probe, quantity, c.x, c.shape, c.weight, c.dy, c.eps, eps_val, offset,
-        np.asarray(got2, np.float64), model, res.ratio, res.ratio <= 1.0, mask, res.diagnoses)
+        np.asarray(got_rows, np.float64), model, res.ratio, res.ratio <= 1.0, mask, res.diagnoses)
 
 
-def _containment(res: CaseResult, y2: np.ndarray, mask: np.ndarray) -> None:
+def _containment(res: CaseResult, yrows: np.ndarray, mask: np.ndarray) -> None:
     """Rows with NaN/Inf in x may be anything; the other rows must be finite (checked above)."""
-    clean = y2[mask]
+    clean = yrows[mask]
     if clean.size and not np.all(np.isfinite(clean)):
         res.passed = False
         res.message = "NaN/Inf leaked out of its row"
@@ -780,133 +922,12 @@ def _order_diagnosis(diag: _Diagnoser, expected: str, rival: str, own: float, al
                  "against 'gemma'", **rates)
 
 
-def _match(y2: np.ndarray, ye: np.ndarray, n: int) -> float:
-    a = y2.astype(np.float64)
-    b = _rows2(ye, n)
+def _match(yrows: np.ndarray, ye: np.ndarray, n: int) -> float:
+    a = yrows.astype(np.float64)
+    b = _as_rows(ye, n)
     if a.size == 0:
         return 1.0
     return float(np.mean((a == b) | (np.isnan(a) & np.isnan(b))))
-
-
-def _check_order(forward, convention, dname, dt, seed, cases, diag,
-                 declared: Declared = NOTHING_DECLARED) -> None:
-    """On half types, the rounding order must be the convention's (bit-exact majority)."""
-    rival = conv_mod.get(convention).order_rival
-    rng = np.random.default_rng([seed, 99])
-    n = 768
-    x = _cast(2.0 * rng.standard_normal((32, n)), dt)
-    w = _cast(1.0 + 0.3 * rng.standard_normal(n), dt) if declared.has_weight else None
-    eps = 1e-5 if declared.takes_eps else None     # None: the implementation's own eps
-    eps_emul = eps if eps is not None else declared.eps_default
-    res = CaseResult("order", dname, "order", tuple(x.shape), False)
-    cases.append(res)
-    y, err = _call(forward, x, n, w, eps)
-    if err or y is None:
-        res.message = f"forward {_label(forward)} raised {err}" if err else (
-            f"forward {_label(forward)} returned None")
-        res.ratio = math.inf
-        return
-    y2 = _rows2(y, n)
-    # The implementation's own rstd (read back from a float32 run) keeps last-bit differences of
-    # its sum out of the comparison; without it, ours (correctly rounded) is used. A 1 + w
-    # module is read back with w = 0, the neutral weight of its convention.
-    offset = conv_mod.get(convention).default_offset
-    r = conv_mod.estimate_rstd(forward, x, eps, offset=offset)
-    own = _match(y2, conv_mod.emulate(convention, x, w, eps_emul, rstd=r), n)
-    alt = _match(y2, conv_mod.emulate(rival, x, w, eps_emul, rstd=r), n)
-    res.max_rel = 1.0 - own                # fraction of elements not bit-identical
-    res.ratio = (1.0 - own) / max(1.0 - alt, 1e-12) if own < alt else 0.0
-    res.passed = own >= alt or alt < 0.5    # neither order fits: other checks say why
-    res.message = f"bit-exact with '{convention}' {own:.1%}, with '{rival}' {alt:.1%}"
-    if not res.passed:
-        _order_diagnosis(diag, convention, rival, own, alt, f"order/{dname}", res)
-
-
-def _check_repeat(forward, backward, dname, dt, seed, cases, diag,
-                  declared: Declared = NOTHING_DECLARED) -> None:
-    """Two identical calls must give identical bits (forward and, when given, backward)."""
-    rng = np.random.default_rng([seed, 98])
-    n = 1024
-    x = _cast(2.0 * rng.standard_normal((64, n)), dt)
-    w = _cast(1.0 + 0.3 * rng.standard_normal(n), dt) if declared.has_weight else None
-    g = _cast(rng.standard_normal((64, n)), dt)
-    res = CaseResult("repeat", dname, "repeat", tuple(x.shape), True)
-    cases.append(res)
-    y1, e1 = _call(forward, x, n, w, None)
-    y2, e2 = _call(forward, x, n, w, None)
-    if e1 or e2:
-        res.passed, res.message = False, f"forward {_label(forward)} raised {e1 or e2}"
-        return
-    bad = []
-    if not _same_bits(y1, y2):
-        bad.append("y")
-    if backward is not None:
-        o1, e1 = _call(backward, g, x, n, w, None)
-        o2, e2 = _call(backward, g, x, n, w, None)
-        if not (e1 or e2):
-            if not _same_bits(o1[0], o2[0]):
-                bad.append("dx")
-            if len(o1) > 1 and o1[1] is not None and not _same_bits(o1[1], o2[1]):
-                bad.append("dweight")
-    if bad:
-        res.passed = False
-        res.message = "two identical calls gave different bits in " + ", ".join(bad)
-        what = "dweight" if bad == ["dweight"] else "/".join(bad)
-        diag.add("nondeterministic", f"repeat/{dname}", res, what=what)
-
-
-def _check_float64_gradient(forward, backward, conv, seed, cases, diag,
-                            declared: Declared = NOTHING_DECLARED) -> None:
-    """In float64, the backward must be the derivative of the implementation's *own* forward.
-
-    Directional central differences along a random v (and a random weight direction):
-    <dy, (f(x + hv) − f(x − hv)) / 2h> must equal <dx, v> (+ <dw, v_w>) to ~1e-7 relative
-    (truncation h² ≈ 1e-10, rounding u/h ≈ 1e-10 of the terms' size). Skipped (not failed) when
-    the implementation refuses float64 or computes below float64 accuracy.
-    """
-    rng = np.random.default_rng([seed, 97])
-    m, n = 4, 64
-    x = 2.0 * rng.standard_normal((m, n))
-    w = 1.0 + 0.3 * rng.standard_normal(n)
-    g = rng.standard_normal((m, n))
-    v = rng.standard_normal((m, n))
-    vw = rng.standard_normal(n)
-    if not declared.has_weight:
-        w, vw = None, np.zeros(n)
-    eps = 1e-5 if declared.takes_eps else None
-    res = CaseResult("gradcheck", "float64", "dx", (m, n), True)
-    y0, err = _call(forward, x, n, w, eps)
-    if err or y0 is None or np.asarray(y0).dtype != np.float64:
-        return                                              # no float64 support: nothing to do
-    cases.append(res)
-    out, err = _call(backward, g, x, n, w, eps)
-    if err or out is None:
-        res.passed, res.ratio = False, math.inf
-        res.message = f"backward raised {err} in float64"
-        return
-    h = 1e-6
-    yp = np.asarray(forward(x + h * v, n, None if w is None else w + h * vw, eps), np.float64)
-    ym = np.asarray(forward(x - h * v, n, None if w is None else w - h * vw, eps), np.float64)
-    # Second difference y(x+hv) − 2y(x) + y(x−hv) = O(h²) ≈ 1e-12 for a float64 computation; far
-    # larger means float64 in name only (e.g. an internal cast to float32): h is then too small.
-    y0 = np.asarray(y0, np.float64)
-    if not np.max(np.abs(yp - 2.0 * y0 + ym)) <= 1e-9 * np.max(np.abs(y0)):
-        cases.remove(res)
-        return
-    fd = float(np.sum(g * (yp - ym)) / (2 * h))             # directional derivative of <g, f>
-    dx = np.asarray(out[0], np.float64)
-    dw = np.zeros(n) if out[1] is None else np.asarray(out[1], np.float64).reshape(-1)
-    if dx.shape != x.shape or dw.size != n:
-        res.message = "gradcheck skipped: dx or dweight has the wrong shape (reported above)"
-        return
-    an = float(np.sum(dx * v) + np.sum(dw * vw))            # the backward's answer
-    scale = float(np.sum(np.abs(g * (yp - ym))) / (2 * h)) + 1e-300
-    res.max_abs = abs(fd - an)
-    res.ratio = res.max_abs / (1e-7 * scale)
-    res.passed = res.ratio <= 1.0
-    res.message = f"<dy, J v> by central differences {fd:.10g}, from the backward {an:.10g}"
-    if not res.passed:
-        diag.add("inconsistent_backward", "gradcheck/float64", res)
 
 
 def _same_bits(a, b) -> bool:
