@@ -52,10 +52,10 @@ __version__ = "0.1.0"
 # name -> (module, attribute or None for the module itself). Loaded on first use so that
 # ``import rmsref`` stays cheap; each is NumPy-only unless its docstring says otherwise.
 _LAZY: dict[str, tuple[str, str | None]] = {
-    "gradcheck": ("rmsref.gradcheck", "gradcheck"),
-    "GradcheckResult": ("rmsref.gradcheck", "GradcheckResult"),
-    "validate": ("rmsref.validate", "validate"),
-    "ValidationReport": ("rmsref.validate", "ValidationReport"),
+    "gradcheck": ("rmsref.derivatives", "gradcheck"),
+    "GradcheckResult": ("rmsref.derivatives", "GradcheckResult"),
+    "validate": ("rmsref.validation", "validate"),
+    "ValidationReport": ("rmsref.validation", "ValidationReport"),
     "identities": ("rmsref.identities", None),
     "conventions": ("rmsref.conventions", None),
     "tolerance": ("rmsref.tolerance", None),
@@ -70,9 +70,7 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'rmsref' has no attribute {name!r}") from None
     module = importlib.import_module(module_name)
     value = module if attr is None else getattr(module, attr)
-    # Importing a submodule binds it on the package; rebind to the public object so that
-    # ``rmsref.gradcheck`` is the function, as documented, on every access.
-    globals()[name] = value
+    globals()[name] = value  # cached: the next access does not come here
     return value
 
 

@@ -10,7 +10,7 @@ import pytest
 
 import rmsref
 from rmsref import diagnosis
-from rmsref.validate import validate
+from rmsref.validation import validate
 
 from .planted_bugs import PLANTED, Planted
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rmsref.gradcheck import gradcheck, oracle_problem
+from rmsref.derivatives import gradcheck, oracle_problem
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_gradcheck import rms_backward_with_bug, sweep_case  # noqa: E402

@@ -33,7 +33,7 @@ def test_ulp_of_zero_and_non_finite_is_the_ulp_at_one():
 def test_full_jacobian_worst_entries_carry_their_tolerance():
     """Each localised disagreement of the full Jacobian says how far it is beyond its own
     tolerance: error > tolerance > 0, both finite, ratio = error / tolerance."""
-    from rmsref.gradcheck import gradcheck
+    from rmsref.derivatives import gradcheck
     from tests.test_gradcheck import _problem_with_bug
 
     r = gradcheck(*_problem_with_bug("single_entry_1e-6", (1, 1024)), full=True,
@@ -59,7 +59,7 @@ def test_identity_default_seed_is_zero():
 def test_gradcheck_report_leaves_a_skipped_checks_numbers_blank():
     """A skipped check has no observed error, tolerance or ratio: its row says so and prints no
     number or placeholder in those columns."""
-    from rmsref.gradcheck import CheckResult, GradcheckResult
+    from rmsref.derivatives import CheckResult, GradcheckResult
 
     skipped = CheckResult("second_order", "x", None, note="no double backward given")
     report = GradcheckResult([skipped], "complex-step", [], {}, {}).report()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rmsref._shapes import bfloat16
-from rmsref.validate import validate
+from rmsref.validation import validate
 from tests.test_validate import llama_module_class  # transformers' LlamaRMSNorm, written out
 
 

@@ -127,7 +127,7 @@ def run(entry: ZooEntry, *, identify: bool = True):
     ZooUnavailable
         From ``entry.build`` when the implementation cannot run here.
     """
-    from rmsref.validate import validate
+    from rmsref.validation import validate
 
     t0 = time.perf_counter()
     forward, backward = entry.build()

@@ -6,7 +6,7 @@ Four groups of checks, each row a measured residual (or error) against a derived
   scale invariance, the Jacobian's eigenvalues, ...) on the NumPy oracle, bounds from the float64
   error model or from confidence intervals;
 * ``gradcheck`` -- :func:`rmsref.gradcheck` on every op of the oracle (backward, JVP, double
-  backward against complex-step derivatives), over ``rmsref.gradcheck.oracle_configs()``;
+  backward against complex-step derivatives), over ``rmsref.derivatives.oracle_configs()``;
 * ``<backend>`` -- for every fast backend ``rmsref.available_backends()`` reports: agreement with
   the oracle (y, rstd, dx, dweight on a few shapes, per dtype; bounds from
   :mod:`rmsref.tolerance`) and bitwise determinism (the same call twice; a row's result whatever
@@ -224,7 +224,7 @@ def _config_label(cfg: dict[str, Any]) -> str:
 
 def _gradcheck_checks(seed: int, quick: bool) -> list[Check]:
     try:
-        gc = importlib.import_module("rmsref.gradcheck")
+        gc = importlib.import_module("rmsref.derivatives")
         configs = gc.oracle_configs()
     except (ImportError, AttributeError) as exc:
         reason = f"rmsref.gradcheck does not provide oracle_configs/oracle_problem ({exc})"

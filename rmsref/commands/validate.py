@@ -27,7 +27,7 @@ Exit status: 0 when every (non-advisory) check passes, 1 when one fails, 2 on us
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from rmsref.conventions import names
-    from rmsref.validate import ALL_PROBES
+    from rmsref.validation import ALL_PROBES
 
     parser.add_argument("target", help="'torch', or a 'package.module:function' (or :Class) path")
     parser.add_argument("--backward", metavar="PATH",
@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from rmsref._progress import Output
     from rmsref.adapters.generic import framework_hint, resolve
-    from rmsref.validate import ALL_PROBES, validate
+    from rmsref.validation import ALL_PROBES, validate
 
     out = Output()
     try:
@@ -140,7 +140,7 @@ def _install_hint(exc: BaseException) -> str:
 def _legend(report) -> str:
     """What the table's rows, statuses and counts mean, with the counts in rows and in checks
     (a row is one probe in one dtype; its checks are the quantities it compares)."""
-    from rmsref.validate import ADVISORY
+    from rmsref.validation import ADVISORY
 
     rows: dict[tuple[str, str], list] = {}
     for c in report.cases:

@@ -1825,8 +1825,3 @@ def check_oracle_all(*, seed: int = 0, full: bool = False,
         p = oracle_problem(op, shape, seed=seed, **cfg)
         out.append((p.description, p.check(seed=seed, full=full, **gradcheck_kwargs)))
     return out
-
-
-from rmsref._callable_module import make_module_callable  # noqa: E402
-
-make_module_callable(__name__, gradcheck)

@@ -936,8 +936,3 @@ def _same_bits(a, b) -> bool:
         return False
     return bool(np.array_equal(np.ascontiguousarray(a).view(np.uint8),
                                np.ascontiguousarray(b).view(np.uint8)))
-
-
-from rmsref._callable_module import make_module_callable  # noqa: E402
-
-make_module_callable(__name__, validate)
