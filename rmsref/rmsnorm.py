@@ -488,8 +488,15 @@ def rms_norm_jvp(
     """
     a = prepare(x, normalized_shape, weight=weight, bias=bias, eps=eps, offset=offset,
                 partial=partial, others={"dx_tan": dx_tan})
+    return _jvp(a, dweight_tan, dbias_tan)
+
+
+def _jvp(a: NormInputs, dweight_tan: Any, dbias_tan: Any, divisor: int | None = None
+         ) -> np.ndarray:
+    """Eqs. (10)-(11) on checked inputs; ``divisor`` as in ``_stats_rows``."""
     x, shape, xrows, eps, m, n, k_feat = a.x, a.shape, a.rows, a.eps, a.m, a.n, a.k_feat
     t = a.others["dx_tan"]
+    divisor = k_feat if divisor is None else divisor
     ctype = compute_dtype(x, t, a.weight)
     wt = _scale_offset(param_as_row(a.weight, ctype), a.offset, n, ctype)
     dw_t = param_row(dweight_tan, "dweight_tan", shape, ctype)
@@ -499,9 +506,9 @@ def rms_norm_jvp(
     dy_t = np.empty((m, n), result_dtype(x.dtype, ctype))
     with np.errstate(all="ignore"):
         for rows in _sumsq.row_chunks(m, n):
-            xhat, rstd = _stats_rows(xrows[rows].astype(ctype), eps, k_feat)
+            xhat, rstd = _stats_rows(xrows[rows].astype(ctype), eps, k_feat, divisor)
             tr = trows[rows].astype(ctype)
-            s = np.sum(xhat[:, :k_feat] * tr[:, :k_feat], axis=-1, keepdims=True) / k_feat  # (10)
+            s = np.sum(xhat[:, :k_feat] * tr[:, :k_feat], axis=-1, keepdims=True) / divisor  # (10)
             dxhat_t = rstd * (tr - xhat * s)  # (m, N)  tangent of xhat
             out = dxhat_t * wt  # (m, N)  eq. (11)
             if dw_t is not None:

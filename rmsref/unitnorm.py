@@ -24,18 +24,16 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from rmsref import _sumsq
 from rmsref._module import NormModule
 from rmsref._rounding import round_to
 from rmsref._shapes import (
     ShapeLike,
     compute_dtype,
     param_as_row,
-    param_row,
     prepare,
     result_dtype,
 )
-from rmsref.rmsnorm import _backward, _forward, _grad_out, _scale_offset, _stats_rows
+from rmsref.rmsnorm import _backward, _forward, _grad_out, _jvp
 
 __all__ = [
     "UnitNorm",
@@ -176,26 +174,7 @@ def unit_norm_jvp(
     """Forward-mode derivative: ``w ⊙ rnorm·(t − xhat·Σ xhat⊙t) + xhat ⊙ dweight_t + dbias_t``."""
     a = prepare(x, normalized_shape, weight=weight, bias=bias, eps=eps, eps_default=0.0,
                 others={"dx_tan": dx_tan})
-    x, shape, xrows, eps, m, n, t = a.x, a.shape, a.rows, a.eps, a.m, a.n, a.others["dx_tan"]
-    ctype = compute_dtype(x, t, a.weight)
-    wt = _scale_offset(param_as_row(a.weight, ctype), 0.0, n, ctype)
-    dw_t = param_row(dweight_tan, "dweight_tan", shape, ctype)
-    db_t = param_row(dbias_tan, "dbias_tan", shape, ctype)
-    trows = t.reshape(m, n)
-
-    dy_t = np.empty((m, n), result_dtype(x.dtype, ctype))
-    with np.errstate(all="ignore"):
-        for rows in _sumsq.row_chunks(m, n):
-            xhat, rnorm = _stats_rows(xrows[rows].astype(ctype), eps, n, divisor=1)
-            tr = trows[rows].astype(ctype)
-            s = np.sum(xhat * tr, axis=-1, keepdims=True)  # (m, 1)
-            out = rnorm * (tr - xhat * s) * wt  # (m, N)
-            if dw_t is not None:
-                out += xhat * dw_t
-            if db_t is not None:
-                out += db_t
-            dy_t[rows] = round_to(out, dy_t.dtype)
-    return dy_t.reshape(x.shape)
+    return _jvp(a, dweight_tan, dbias_tan, divisor=1)
 
 
 class UnitNorm(NormModule):
