@@ -456,3 +456,62 @@ def test_torch_fast_mode_misses_single_entry_bug():
     print(f"\ntorch fast-mode gradcheck on the 1e-6 single-entry bug: passed={torch_verdict}; "
           f"rmsref.gradcheck: passed={bool(ours)}, ratio {ours.check('vjp', 'x').ratio:.3g}")
     assert not ours
+
+
+# ------------------------------------------------------------------------------------------------
+# What a sampled mutation run of rmsref.derivatives showed no test would notice
+# ------------------------------------------------------------------------------------------------
+
+
+def test_a_backward_that_scribbles_on_its_dy_fails_reentrancy():
+    p = oracle_problem("rms_norm", (4, 16))
+
+    def scribbling(dy, *inputs):
+        grads = p.backward(dy.copy(), *inputs)
+        dy *= 2.0                                   # the caller's dy, modified in place
+        return grads
+
+    r = gradcheck(p.forward, scribbling, p.inputs, names=p.names, second_order=False)
+    c = r.check("reentrancy")
+    assert c.passed is False and "modified its dy in place" in c.note
+    assert r.check("vjp", "x").passed                # the gradients themselves are right
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm", "unit_norm", "add_rms_norm"])
+def test_oracle_problem_passes_its_eps_to_every_callable(op):
+    """At eps = 0.5 every callable must use it: a JVP or backward falling back to the default
+    eps would disagree with the forward far beyond rtol."""
+    p = oracle_problem(op, (3, 8), eps=0.5)
+    r = p.check(full=True)
+    assert r, r.report()
+    assert {c.name for c in r.checks} >= {"vjp", "jacobian"} | ({"jvp"} if p.jvp else set())
+
+
+def test_a_backward_returning_one_array_is_named():
+    p = oracle_problem("rms_norm", (4, 16))
+    with pytest.raises(TypeError, match=r"expected a tuple of 3 gradients \(one per input, None "
+                       r"where there is none\)"):
+        gradcheck(p.forward, lambda dy, x, w, b: p.backward(dy, x, w, b)[0], p.inputs)
+
+
+def test_a_forward_with_nan_names_the_forward():
+    p = oracle_problem("rms_norm", (4, 16))
+    r = gradcheck(lambda x, w, b: p.forward(x, w, b) * np.nan, p.backward, p.inputs)
+    assert not r and r.checks[0].name == "forward" and "NaN/Inf" in r.checks[0].note
+
+
+def test_relative_figures_are_relative_at_small_scale():
+    """observed and tolerance are reported relative to the comparison's scale, also when that
+    scale is below 1 (outputs of 1e-6): a 1 % error in dx reads as ~1e-2, not 1e-8."""
+    p = oracle_problem("rms_norm", (4, 16))
+
+    def small_forward(x, w, b):
+        return 1e-6 * p.forward(x, w, b)
+
+    def off_by_1_percent(dy, x, w, b):
+        dx, dw, db = p.backward(1e-6 * dy, x, w, b)
+        return 1.01 * dx, dw, db
+
+    c = gradcheck(small_forward, off_by_1_percent, p.inputs, names=p.names).check("vjp", "x")
+    assert c.passed is False
+    assert 1e-4 < c.observed < 1e-1, c.observed
