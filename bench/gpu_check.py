@@ -30,10 +30,12 @@ starting new timings past that many seconds.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
 import platform
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -534,6 +536,19 @@ def _allow_compile_without_driver(cc: tuple[int, int]) -> str | None:
     return None
 
 
+def ptx_fingerprint(ptx: str) -> str:
+    """A short hash of the generated code, equal across processes and checkouts when the code is.
+
+    Left out: what numba varies from one process to the next without changing the code, the
+    version tags of its mangled names (``B2v6``) and the order of its environment-pointer
+    declarations (``.common .global ... NumbaEnv...``).
+    """
+    lines = [line for line in ptx.splitlines()
+             if not (line.startswith(".common .global") and "NumbaEnv" in line)]
+    text = re.sub(r"B\d+v\d+(?=B)", "Bv", "\n".join(lines))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def compile_only(quick: bool) -> int:
     from numba import cuda, types
 
@@ -544,38 +559,45 @@ def compile_only(quick: bool) -> int:
         return 3
     from rmsref.kernels import numba_cuda as k
 
-    def arr(kind: int, nd: int) -> Any:
-        return types.Array(types.float32 if kind == k.F32 else types.uint16, nd, "C")
+    def arr(kind: int | None, nd: int) -> Any:  # an absent array: a float32 placeholder
+        return types.Array(types.float32 if kind in (None, k.F32) else types.uint16, nd, "C")
 
     f32, i64 = types.float32, types.int64
     # --quick: one specialisation per kernel (bfloat16, every option on), as a smoke test
     kinds = (k.BF16,) if quick else (k.F32, k.F16, k.BF16)
     jobs = []
     for kx in kinds:
-        variants = (("block", 256), ("warp", 256))
+        # which optional arrays exist: weight, bias, residual (and "rounded-sum")
         fwd_opts = [(True, True, True, True)]
         if not quick:
             fwd_opts += [(False, False, False, False), (True, False, False, False),
                          (True, True, True, False)]
-        for (variant, t), (hw, hb, hr, rnd) in ((v, o) for v in variants for o in fwd_opts):
-            kw, kb, kr = (kx if hw else k.F32), (kx if hb else k.F32), (kx if hr else k.F32)
-            kern = k._forward_kernel(variant, t, kx, kr, kw, kb, kx, kr, hw, hb, hr, rnd)
-            sig = (arr(kx, 2), arr(kr, 2), arr(kw, 1), arr(kb, 1), arr(kx, 2), arr(kr, 2),
-                   types.Array(f32, 1, "C"), i64, i64, f32, f32, f32)
-            jobs.append((f"forward {variant} kind={kx} w={hw} b={hb} r={hr}", kern, sig,
-                         "shfl.sync.bfly" if variant == "warp" else None))
+        for variant in ("block", "warp"):
+            for has_w, has_b, has_r, rounded in fwd_opts:
+                o = k.ForwardOptions(variant=variant, threads=256, x=kx, y=kx,
+                                     weight=kx if has_w else None, bias=kx if has_b else None,
+                                     residual=kx if has_r else None, rounded=rounded)
+                sig = (arr(o.x, 2), arr(o.residual, 2), arr(o.weight, 1), arr(o.bias, 1),
+                       arr(o.y, 2), arr(o.residual, 2), types.Array(f32, 1, "C"), i64, i64, f32,
+                       f32, f32)
+                jobs.append((f"forward {variant}: {o}", k._forward_kernel(o), sig,
+                             "shfl.sync.bfly" if variant == "warp" else None))
+        # weight, bias, residual, dresidual_out, "rounded-sum", saved rstd
         bwd_opts = [(True, True, True, True, True, False)]
         if not quick:
             bwd_opts += [(False, False, False, False, False, False),
                          (True, False, False, False, False, True)]
-        for hw, hb, hr, hdro, rnd, hrs in bwd_opts:
-            kw, kr, kdro = (kx if hw else k.F32), (kx if hr else k.F32), (kx if hdro else k.F32)
-            kern = k._backward_kernel(1024, 16, kx, kr, kw, kx, kdro, kx, kr, hw, hb, hr, hdro,
-                                      rnd, hrs)
-            sig = (arr(kx, 2), arr(kx, 2), arr(kr, 2), arr(kw, 1), arr(kdro, 2),
-                   types.Array(f32, 1, "C"), arr(kx, 2), arr(kr, 2), types.Array(f32, 2, "C"),
-                   types.Array(f32, 2, "C"), i64, i64, i64, f32, f32, f32)
-            jobs.append((f"backward kind={kx} w={hw} b={hb} r={hr}", kern, sig, None))
+        for has_w, has_b, has_r, has_dro, rounded, saved in bwd_opts:
+            o = k.BackwardOptions(threads=1024, cols=16, x=kx, dy=kx,
+                                  weight=kx if has_w else None, bias=has_b,
+                                  residual=kx if has_r else None,
+                                  dresidual_out=kx if has_dro else None, rounded=rounded,
+                                  saved_rstd=saved)
+            sig = (arr(o.dy, 2), arr(o.x, 2), arr(o.residual, 2), arr(o.weight, 1),
+                   arr(o.dresidual_out, 2), types.Array(f32, 1, "C"), arr(o.x, 2),
+                   arr(o.residual, 2), types.Array(f32, 2, "C"), types.Array(f32, 2, "C"), i64,
+                   i64, i64, f32, f32, f32)
+            jobs.append((f"backward: {o}", k._backward_kernel(o), sig, None))
         if not quick:
             jobs.append((f"column_sum kind={kx}", k._column_sum_kernel(kx),
                          (types.Array(f32, 2, "C"), arr(kx, 1), i64), None))
@@ -597,8 +619,8 @@ def compile_only(quick: bool) -> int:
             problems.append(f"missing {must}")
         if problems:
             failures += 1
-        print(f"{'FAIL' if problems else 'ok  '} {name} ({len(ptx)} chars of PTX) "
-              f"{'; '.join(problems)}")
+        print(f"{'FAIL' if problems else 'ok  '} {name} ({len(ptx)} chars of PTX, "
+              f"fingerprint {ptx_fingerprint(ptx)}) {'; '.join(problems)}")
     print(f"compiled {len(jobs) - failures}/{len(jobs)} kernels to PTX for sm_{cc[0]}{cc[1]} "
           f"in {time.perf_counter() - t0:.1f} s")
     return 1 if failures else 0

@@ -411,6 +411,55 @@ def test_bad_inputs_name_what_they_got(kcuda, rng):
         kcuda.rms_norm_backward(x, x, 5, rstd=np.ones(3, np.float32))
 
 
+#: Bad calls, as (name, call): each is made once with NumPy arrays to the oracle and once with
+#: device arrays to numba_cuda; ``a(...)`` marks an array argument.
+_BAD_CALLS = [
+    ("normalized_shape", lambda f, a: f.rms_norm_forward(a(_X), 4)),
+    ("empty normalized_shape", lambda f, a: f.rms_norm_forward(a(_X), ())),
+    ("integer x", lambda f, a: f.rms_norm_forward(a(_X.astype(np.int32)), 5)),
+    ("weight shape", lambda f, a: f.rms_norm_forward(a(_X), 5, a(np.ones(4, np.float32)))),
+    ("bias dtype", lambda f, a: f.rms_norm_forward(a(_X), 5, bias=a(np.ones(5, np.int64)))),
+    ("eps", lambda f, a: f.rms_norm_forward(a(_X), 5, eps="abc")),
+    ("negative eps", lambda f, a: f.rms_norm_forward(a(_X), 5, eps=-1.0)),
+    ("partial", lambda f, a: f.rms_norm_forward(a(_X), 5, partial=0.1)),
+    ("offset", lambda f, a: f.rms_norm_forward(a(_X), 5, offset=None)),
+    ("dy shape", lambda f, a: f.rms_norm_backward(a(np.ones((2, 4), np.float32)), a(_X), 5)),
+    ("dy None", lambda f, a: f.rms_norm_backward(None, a(_X), 5)),
+    ("rstd shape", lambda f, a: f.rms_norm_backward(a(_X), a(_X), 5,
+                                                     rstd=a(np.ones(3, np.float32)))),
+    ("rstd dtype", lambda f, a: f.rms_norm_backward(a(_X), a(_X), 5,
+                                                     rstd=a(np.ones(2, np.int32)))),
+    ("residual shape", lambda f, a: f.add_rms_norm(a(_X), a(np.ones((3, 5), np.float32)), 5)),
+]
+_X = np.ones((2, 5), np.float32)
+
+
+@pytest.mark.parametrize("call", [c for _, c in _BAD_CALLS], ids=[n for n, _ in _BAD_CALLS])
+def test_device_arrays_meet_the_oracles_contract(kcuda, call):
+    """Device arrays are checked by the oracle's own input contract: the same error, word for
+    word, as the oracle gives for the same NumPy arguments."""
+    from numba import cuda
+
+    with pytest.raises((TypeError, ValueError)) as oracle:
+        call(rmsref, lambda a: a)
+    with pytest.raises(oracle.type) as device:
+        call(kcuda, cuda.to_device)
+    assert str(device.value) == str(oracle.value)
+
+
+def test_device_array_restrictions_name_what_they_got(kcuda):
+    """What the contract allows but these kernels cannot do on the device, refused by name."""
+    from numba import cuda
+
+    x = cuda.to_device(_X)
+    with pytest.raises(TypeError, match="input has dtype float64; the numba_cuda backend"):
+        kcuda.rms_norm_forward(cuda.to_device(_X.astype(np.float64)), 5)
+    with pytest.raises(TypeError, match="rstd .device array. has dtype float64"):
+        kcuda.rms_norm_backward(x, x, 5, rstd=cuda.to_device(np.ones((2, 1))))
+    with pytest.raises(TypeError, match="weight is a host array but x is a device array"):
+        kcuda.rms_norm_forward(x, 5, np.ones(5, np.float32))
+
+
 def test_empty_input(kcuda):
     x = np.zeros((0, 7), np.float32)
     y, rstd = kcuda.rms_norm_forward(x, 7)
