@@ -1008,6 +1008,7 @@ def _backward_call(dy: Any, x: Any, normalized_shape: ShapeLike, weight: Any,
                    offset: float = 0.0, partial: float | None = None, residual: Any = None,
                    dresidual_out: Any = None, rounding: str = "fp32-sum",
                    launch: Launch | None = None) -> _Launched:
+    """A backward checked and prepared (dy is required, the fused add's arrays optional)."""
     rounded = resolve_rounding(rounding)
     call = _Call(x)
     others = {"dy": dy, **_given(residual=residual, dresidual_out=dresidual_out)}
