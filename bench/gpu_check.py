@@ -1,4 +1,4 @@
-"""Check, then time, the numba_cuda RMSNorm kernels on a CUDA GPU (issue 6).
+"""Check, then time, the numba_cuda RMSNorm kernels on a CUDA GPU.
 
     python bench/gpu_check.py [--quick] [--json PATH] [--budget SECONDS] [--no-torch]
     python bench/gpu_check.py --simulate-tiny      # the same pipeline, tiny, in the simulator
@@ -9,10 +9,10 @@ configuration before anything is timed):
 
 1. Checks. For N in {512, 1024, 4096, 8192, 16384} and float32 / bfloat16, M = 2^24 / N rows
    (--quick: 2^20): y, rstd, dx, dweight of every launch configuration against the float64 oracle
-   run on the same (already rounded) inputs, with the bounds of ``rmsref.tolerance``
-   (docs/tolerances.md; float32 accumulation, blocked reduction over T threads). Reported as
-   worst observed/bound ratio (pass: <= 1). Plus bias/offset and the fused residual add (both
-   meanings) at N = 4096.
+   run on the same (already rounded) inputs, through ``rmsref.comparison`` (the bounds of
+   ``rmsref.tolerance``, docs/tolerances.md; float32 accumulation, blocked reduction over T
+   threads). Reported as worst observed/bound ratio (pass: <= 1). Plus bias/offset and the
+   fused residual add (both meanings) at N = 4096.
 2. Determinism: dweight (and dx) bitwise equal across two backward runs.
 3. Timings at M·N in {2^24, 2^26, 2^28} (--quick: 2^24, 2^26): forward and backward of the
    automatic configuration (and the alternatives at the largest size), median of 3 batches of
@@ -30,13 +30,15 @@ starting new timings past that many seconds.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
 import platform
+import re
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,8 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
 import rmsref  # noqa: E402
 from rmsref import tolerance  # noqa: E402
 from rmsref._shapes import bfloat16, resolve_eps  # noqa: E402
+from rmsref.comparison import Reference, compare, compare_rounded  # noqa: E402
+from rmsref.rmsnorm import _residual_sum  # noqa: E402
 
 F32 = np.dtype(np.float32)
 DTYPES = {"fp32": F32, "bf16": bfloat16}
@@ -109,13 +113,19 @@ class Report:
         }
 
 
-def _ratio(name: str, got: np.ndarray, exact: np.ndarray, bound: np.ndarray) -> dict:
-    got = np.asarray(got).astype(np.float64)
-    err = np.abs(got - exact)
-    ratio = err / np.maximum(bound, np.finfo(np.float64).tiny)
-    finite = bool(np.all(np.isfinite(got)))
-    worst = float(np.max(ratio)) if ratio.size else 0.0
-    return {"quantity": name, "max_ratio": worst, "pass": finite and worst <= 1.0}
+def _check(quantity: str, got: Any, ref: Reference, model: tolerance.ErrorModel,
+           name: str | None = None) -> dict:
+    """One comparison with the float64 oracle (``rmsref.comparison.compare``) as a report row:
+    the worst observed/bound ratio (a non-finite result counts as an infinite error)."""
+    c = compare(quantity, got, ref, model)
+    return {"quantity": name or quantity, "max_ratio": c.ratio, "pass": c.passed}
+
+
+def _rounded(name: str, got: np.ndarray, exact: np.ndarray, dtype: np.dtype,
+             roundings: int) -> dict:
+    """``got`` is ``exact`` rounded at most ``roundings`` times to ``dtype``, as a report row."""
+    c = compare_rounded(name, got, exact, dtype, roundings)
+    return {"quantity": name, "max_ratio": c.ratio, "pass": c.passed}
 
 
 # --------------------------------------------------------------------------------------------
@@ -247,9 +257,20 @@ def _label(k: Any, lc: Any, n: int, m: int) -> dict:
 # --------------------------------------------------------------------------------------------
 
 
-def _model(dtype: np.dtype, n: int, rows: int, block: int) -> dict:
-    return {"out_dtype": dtype, "n": n, "rows": rows, "acc_dtype": F32, "reduction": "blocked",
-            "block": block}
+def _model(dtype: np.dtype, n: int, rows: int, block: int) -> tolerance.ErrorModel:
+    """float32 sums, a tree over ``block`` threads (32 for a warp per row)."""
+    return tolerance.ErrorModel(dtype, n, rows, acc_dtype=F32, reduction="blocked", block=block)
+
+
+def _column_model(model: tolerance.ErrorModel) -> tolerance.ErrorModel:
+    """dweight and dbias: each column is summed over the rows in order (block by block)."""
+    return replace(model, reduction="sequential")
+
+
+def _forward_block(k: Any, n: int, m: int, lc: Any) -> int:
+    """The threads one forward sum is spread over: T for a block per row, 32 for a warp."""
+    pf = k.plan_forward(n, m, lc)
+    return pf.threads if pf.variant == "block" else k.WARP
 
 
 def check_shape(dev: Device, rep: Report, n: int, m: int, dtype: np.dtype, dname: str,
@@ -257,34 +278,22 @@ def check_shape(dev: Device, rep: Report, n: int, m: int, dtype: np.dtype, dname
     """All configurations at one (N, M, dtype): y, rstd, dx, dweight vs the float64 oracle."""
     k = dev.k
     x, dy = _host(_rows(x_d, m, n), dtype), _host(_rows(dy_d, m, n), dtype)
-    w = _host(w_d, dtype)
-    eps = resolve_eps(None, dtype)
-    x64, dy64, w64 = x.astype(np.float64), dy.astype(np.float64), w.astype(np.float64)
-    y_ex, rstd_ex = rmsref.rms_norm_forward(x64, n, w64, eps)
-    g_ex = rmsref.rms_norm_backward(dy64, x64, n, w64, eps)
-    xhat = x64 * rstd_ex
+    ref = Reference(x, (n,), _host(w_d, dtype), resolve_eps(None, dtype), dy=dy)
     for lc in configs:
         label = {"N": n, "M": m, "dtype": dname, **_label(k, lc, n, m)}
         y, rstd = k.rms_norm_forward(_rows(x_d, m, n), n, w_d, launch=lc)
-        y, rstd_h = _host(y, dtype).reshape(m, n), rstd.copy_to_host().reshape(m, 1)
-        t = k.plan_forward(n, m, lc).threads if k.plan_forward(n, m, lc).variant == "block" else 32
-        by = tolerance.bound("y", y=y_ex, **_model(dtype, n, m, t))
-        rho = tolerance.ErrorModel(dtype, n, m, F32, 1, "blocked", t).rho
-        for r in (_ratio("y", y, y_ex, by),
-                  _ratio("rstd", rstd_h, rstd_ex, (rho + 2.0**-24) * rstd_ex)):
+        model = _model(dtype, n, m, _forward_block(k, n, m, lc))
+        for r in (_check("y", _host(y, dtype), ref, model),
+                  _check("rstd", rstd.copy_to_host(), ref, model)):
             rep.checks.append({**label, "kernel": "forward", **r})
         # the automatic configuration recomputes rstd in the backward; the others take the
         # forward's (as training does, and as the timed backward does)
         saved = None if lc == configs[0] else rstd
         g = k.rms_norm_backward(_rows(dy_d, m, n), _rows(x_d, m, n), n, w_d, rstd=saved,
                                 launch=lc)
-        tb = k.plan_backward(n, m, lc).threads
-        bdx = tolerance.bound("dx", dx=g_ex.dx, dy=dy64, xhat=xhat, rstd=rstd_ex, weight=w64,
-                              **_model(dtype, n, m, tb))
-        bdw = tolerance.bound("dweight", dweight=g_ex.dweight, dy=dy64, xhat=xhat,
-                              **{**_model(dtype, n, m, tb), "reduction": "sequential"})
-        for r in (_ratio("dx", _host(g.dx, dtype).reshape(m, n), g_ex.dx, bdx),
-                  _ratio("dweight", _host(g.dweight, dtype), g_ex.dweight, bdw)):
+        model = _model(dtype, n, m, k.plan_backward(n, m, lc).threads)
+        for r in (_check("dx", _host(g.dx, dtype), ref, model),
+                  _check("dweight", _host(g.dweight, dtype), ref, _column_model(model))):
             rep.checks.append({**label, "kernel": "backward", **r})
 
 
@@ -300,62 +309,41 @@ def check_extras(dev: Device, rep: Report, n: int, m: int, dtype: np.dtype, dnam
     x_d, dy_d, r_d = (dev.random(m * n, dtype, seed + i) for i in range(3))
     w_d = dev.random(n, dtype, seed + 3, 0.3)
     b_d = dev.random(n, dtype, seed + 4, 0.3)
-    x, dy, res = (_host(a, dtype).reshape(m, n).astype(np.float64) for a in (x_d, dy_d, r_d))
-    w, b = _host(w_d, dtype).astype(np.float64), _host(b_d, dtype).astype(np.float64)
+    x, dy, res = (_host(a, dtype).reshape(m, n) for a in (x_d, dy_d, r_d))
+    w, b = _host(w_d, dtype), _host(b_d, dtype)
     eps = resolve_eps(None, dtype)
-    t = k.plan_backward(n, m, lc).threads
     pf = k.plan_forward(n, m, lc)
     base = {"N": n, "M": m, "dtype": dname, "variant": pf.variant, "threads": pf.threads}
-    tf = pf.threads if pf.variant == "block" else 32
+    model_f = _model(dtype, n, m, _forward_block(k, n, m, lc))
+    model_b = _model(dtype, n, m, k.plan_backward(n, m, lc).threads)
 
+    ref = Reference(x, (n,), w, eps, dy=dy, offset=1.0, bias=b)
     y, _ = k.rms_norm_forward(_rows(x_d, m, n), n, w_d, bias=b_d, offset=1.0, launch=lc)
-    y_ex, rstd_ex = rmsref.rms_norm_forward(x, n, w, eps, bias=b, offset=1.0)
-    model = tolerance.ErrorModel(dtype, n, m, F32, 1, "blocked", tf)
-    mag = np.abs(y_ex - b) + np.abs(b)  # y = x̂·w + b may cancel: errors scale with the terms
-    bound = model.k_out * model.u_out * np.abs(y_ex) + (0.5 * model.gamma(n) + 5 * model.u_acc) \
-        * mag + model.atol
     rep.checks.append({**base, "kernel": "forward+bias+offset",
-                       **_ratio("y", _host(y, dtype).reshape(m, n), y_ex, bound)})
+                       **_check("y", _host(y, dtype), ref, model_f)})
     g = k.rms_norm_backward(_rows(dy_d, m, n), _rows(x_d, m, n), n, w_d, bias=b_d, offset=1.0,
                             launch=lc)
-    g_ex = rmsref.rms_norm_backward(dy, x, n, w, eps, bias=b, offset=1.0)
-    xhat = x * rstd_ex
-    bdx = tolerance.bound("dx", dx=g_ex.dx, dy=dy, xhat=xhat, rstd=rstd_ex, weight=1.0 + w,
-                          **_model(dtype, n, m, t))
-    bdb = tolerance.bound("dweight", dweight=g_ex.dbias, dy=dy, xhat=np.ones_like(dy),
-                          **{**_model(dtype, n, m, t), "reduction": "sequential"})
-    for r in (_ratio("dx", _host(g.dx, dtype).reshape(m, n), g_ex.dx, bdx),
-              _ratio("dbias", _host(g.dbias, dtype), g_ex.dbias, bdb)):
+    for r in (_check("dx", _host(g.dx, dtype), ref, model_b),
+              _check("dbias", _host(g.dbias, dtype), ref, _column_model(model_b))):
         rep.checks.append({**base, "kernel": "backward+bias+offset", **r})
 
     for rounding in ("fp32-sum", "rounded-sum"):
         y, new_res, rstd = k.add_rms_norm_forward(_rows(x_d, m, n), _rows(r_d, m, n), n, w_d,
                                                   rounding=rounding, launch=lc)
-        h = x + res
-        if rounding == "rounded-sum":
-            h = rmsref.add_rms_norm_forward(x.astype(dtype), res.astype(dtype), n, None, eps,
-                                            rounding=rounding)[1].astype(np.float64)
-        y_ex, rstd_ex = rmsref.rms_norm_forward(h, n, w, eps)
-        by = tolerance.bound("y", y=y_ex, **_model(dtype, n, m, tf))
-        u = tolerance.unit_roundoff(dtype)
+        # the fused add normalises h: its reference is the oracle on h, formed as the oracle does
+        h = _residual_sum(x, res, rounding, np.dtype(np.float64))
+        ref = Reference(h, (n,), w, eps, dy=dy, dresidual_out=dy)
         rep.checks.append({**base, "kernel": f"add_rms_norm {rounding}",
-                           **_ratio("y", _host(y, dtype).reshape(m, n), y_ex, by)})
+                           **_check("y", _host(y, dtype), ref, model_f)})
+        # new_residual: h itself (no norm), fl32(x + r) then rounded to the residual's dtype
         rep.checks.append({**base, "kernel": f"add_rms_norm {rounding}",
-                           **_ratio("new_residual", _host(new_res, dtype).reshape(m, n), h,
-                                    2 * u * np.abs(h) + tolerance.underflow_atol(dtype))})
+                           **_rounded("new_residual", _host(new_res, dtype), h, dtype, 2)})
         g = k.add_rms_norm_backward(_rows(dy_d, m, n), _rows(dy_d, m, n), _rows(x_d, m, n),
                                     _rows(r_d, m, n), n, w_d, rounding=rounding, rstd=rstd,
                                     launch=lc)
-        r64 = rstd.copy_to_host().astype(np.float64).reshape(m, 1)
-        gn = rmsref.rms_norm_backward(dy, h, n, w, eps, rstd=r64)
-        dh = gn.dx + dy
-        bdx = tolerance.bound("dx", dx=dh, dy=dy, xhat=h * r64, rstd=r64, weight=w,
-                              **_model(dtype, n, m, t)) + 2.0**-23 * (np.abs(gn.dx) + np.abs(dh))
-        rep.checks.append({**base, "kernel": f"add_rms_norm_backward {rounding}",
-                           **_ratio("dx", _host(g.dx, dtype).reshape(m, n), dh, bdx)})
-        rep.checks.append({**base, "kernel": f"add_rms_norm_backward {rounding}",
-                           **_ratio("dresidual", _host(g.dresidual, dtype).reshape(m, n), dh,
-                                    bdx)})
+        for r in (_check("dx", _host(g.dx, dtype), ref, model_b),
+                  _check("dx", _host(g.dresidual, dtype), ref, model_b, name="dresidual")):
+            rep.checks.append({**base, "kernel": f"add_rms_norm_backward {rounding}", **r})
 
 
 def check_determinism(dev: Device, rep: Report, n: int, m: int, dname: str, x_d: Any,
@@ -378,20 +366,14 @@ def check_sampled_rows(dev: Device, rep: Report, n: int, m: int, dtype: np.dtype
     idx = np.unique(np.linspace(0, m - 1, min(rows, m)).astype(np.int64))
     host = {name: np.stack([_host(a[i], dtype) for i in idx]).astype(np.float64)
             for name, a in (("x", x), ("dy", dy), ("y", y), ("dx", dx))}
-    w = _host(w_d, dtype).astype(np.float64)
-    eps = resolve_eps(None, dtype)
-    y_ex, rstd_ex = rmsref.rms_norm_forward(host["x"], n, w, eps)
-    g_ex = rmsref.rms_norm_backward(host["dy"], host["x"], n, w, eps)
-    pf, pb = k.plan_forward(n, m, lc), k.plan_backward(n, m, lc)
-    t = pf.threads if pf.variant == "block" else 32
+    ref = Reference(host["x"], (n,), _host(w_d, dtype), resolve_eps(None, dtype), dy=host["dy"])
     label = {"N": n, "M": m, "dtype": dname, **_label(k, lc, n, m), "sampled_rows": len(idx)}
-    by = tolerance.bound("y", y=y_ex, **_model(dtype, n, m, t))
-    bdx = tolerance.bound("dx", dx=g_ex.dx, dy=host["dy"], xhat=host["x"] * rstd_ex,
-                          rstd=rstd_ex, weight=w, **_model(dtype, n, m, pb.threads))
+    model_f = _model(dtype, n, m, _forward_block(k, n, m, lc))
+    model_b = _model(dtype, n, m, k.plan_backward(n, m, lc).threads)
     rep.checks.append({**label, "kernel": "forward (timed shape)",
-                       **_ratio("y", host["y"], y_ex, by)})
+                       **_check("y", host["y"], ref, model_f)})
     rep.checks.append({**label, "kernel": "backward (timed shape)",
-                       **_ratio("dx", host["dx"], g_ex.dx, bdx)})
+                       **_check("dx", host["dx"], ref, model_b)})
 
 
 # --------------------------------------------------------------------------------------------
@@ -534,6 +516,19 @@ def _allow_compile_without_driver(cc: tuple[int, int]) -> str | None:
     return None
 
 
+def ptx_fingerprint(ptx: str) -> str:
+    """A short hash of the generated code, equal across processes and checkouts when the code is.
+
+    Left out: what numba varies from one process to the next without changing the code, the
+    version tags of its mangled names (``B2v6``) and the order of its environment-pointer
+    declarations (``.common .global ... NumbaEnv...``).
+    """
+    lines = [line for line in ptx.splitlines()
+             if not (line.startswith(".common .global") and "NumbaEnv" in line)]
+    text = re.sub(r"B\d+v\d+(?=B)", "Bv", "\n".join(lines))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def compile_only(quick: bool) -> int:
     from numba import cuda, types
 
@@ -544,38 +539,45 @@ def compile_only(quick: bool) -> int:
         return 3
     from rmsref.kernels import numba_cuda as k
 
-    def arr(kind: int, nd: int) -> Any:
-        return types.Array(types.float32 if kind == k.F32 else types.uint16, nd, "C")
+    def arr(kind: int | None, nd: int) -> Any:  # an absent array: a float32 placeholder
+        return types.Array(types.float32 if kind in (None, k.F32) else types.uint16, nd, "C")
 
     f32, i64 = types.float32, types.int64
     # --quick: one specialisation per kernel (bfloat16, every option on), as a smoke test
     kinds = (k.BF16,) if quick else (k.F32, k.F16, k.BF16)
     jobs = []
     for kx in kinds:
-        variants = (("block", 256), ("warp", 256))
+        # which optional arrays exist: weight, bias, residual (and "rounded-sum")
         fwd_opts = [(True, True, True, True)]
         if not quick:
             fwd_opts += [(False, False, False, False), (True, False, False, False),
                          (True, True, True, False)]
-        for (variant, t), (hw, hb, hr, rnd) in ((v, o) for v in variants for o in fwd_opts):
-            kw, kb, kr = (kx if hw else k.F32), (kx if hb else k.F32), (kx if hr else k.F32)
-            kern = k._forward_kernel(variant, t, kx, kr, kw, kb, kx, kr, hw, hb, hr, rnd)
-            sig = (arr(kx, 2), arr(kr, 2), arr(kw, 1), arr(kb, 1), arr(kx, 2), arr(kr, 2),
-                   types.Array(f32, 1, "C"), i64, i64, f32, f32, f32)
-            jobs.append((f"forward {variant} kind={kx} w={hw} b={hb} r={hr}", kern, sig,
-                         "shfl.sync.bfly" if variant == "warp" else None))
+        for variant in ("block", "warp"):
+            for has_w, has_b, has_r, rounded in fwd_opts:
+                o = k.ForwardOptions(variant=variant, threads=256, x=kx, y=kx,
+                                     weight=kx if has_w else None, bias=kx if has_b else None,
+                                     residual=kx if has_r else None, rounded=rounded)
+                sig = (arr(o.x, 2), arr(o.residual, 2), arr(o.weight, 1), arr(o.bias, 1),
+                       arr(o.y, 2), arr(o.residual, 2), types.Array(f32, 1, "C"), i64, i64, f32,
+                       f32, f32)
+                jobs.append((f"forward {variant}: {o}", k._forward_kernel(o), sig,
+                             "shfl.sync.bfly" if variant == "warp" else None))
+        # weight, bias, residual, dresidual_out, "rounded-sum", saved rstd
         bwd_opts = [(True, True, True, True, True, False)]
         if not quick:
             bwd_opts += [(False, False, False, False, False, False),
                          (True, False, False, False, False, True)]
-        for hw, hb, hr, hdro, rnd, hrs in bwd_opts:
-            kw, kr, kdro = (kx if hw else k.F32), (kx if hr else k.F32), (kx if hdro else k.F32)
-            kern = k._backward_kernel(1024, 16, kx, kr, kw, kx, kdro, kx, kr, hw, hb, hr, hdro,
-                                      rnd, hrs)
-            sig = (arr(kx, 2), arr(kx, 2), arr(kr, 2), arr(kw, 1), arr(kdro, 2),
-                   types.Array(f32, 1, "C"), arr(kx, 2), arr(kr, 2), types.Array(f32, 2, "C"),
-                   types.Array(f32, 2, "C"), i64, i64, i64, f32, f32, f32)
-            jobs.append((f"backward kind={kx} w={hw} b={hb} r={hr}", kern, sig, None))
+        for has_w, has_b, has_r, has_dro, rounded, saved in bwd_opts:
+            o = k.BackwardOptions(threads=1024, cols=16, x=kx, dy=kx,
+                                  weight=kx if has_w else None, bias=has_b,
+                                  residual=kx if has_r else None,
+                                  dresidual_out=kx if has_dro else None, rounded=rounded,
+                                  saved_rstd=saved)
+            sig = (arr(o.dy, 2), arr(o.x, 2), arr(o.residual, 2), arr(o.weight, 1),
+                   arr(o.dresidual_out, 2), types.Array(f32, 1, "C"), arr(o.x, 2),
+                   arr(o.residual, 2), types.Array(f32, 2, "C"), types.Array(f32, 2, "C"), i64,
+                   i64, i64, f32, f32, f32)
+            jobs.append((f"backward: {o}", k._backward_kernel(o), sig, None))
         if not quick:
             jobs.append((f"column_sum kind={kx}", k._column_sum_kernel(kx),
                          (types.Array(f32, 2, "C"), arr(kx, 1), i64), None))
@@ -597,8 +599,8 @@ def compile_only(quick: bool) -> int:
             problems.append(f"missing {must}")
         if problems:
             failures += 1
-        print(f"{'FAIL' if problems else 'ok  '} {name} ({len(ptx)} chars of PTX) "
-              f"{'; '.join(problems)}")
+        print(f"{'FAIL' if problems else 'ok  '} {name} ({len(ptx)} chars of PTX, "
+              f"fingerprint {ptx_fingerprint(ptx)}) {'; '.join(problems)}")
     print(f"compiled {len(jobs) - failures}/{len(jobs)} kernels to PTX for sm_{cc[0]}{cc[1]} "
           f"in {time.perf_counter() - t0:.1f} s")
     return 1 if failures else 0

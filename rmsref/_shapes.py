@@ -7,7 +7,7 @@ never silently broadcast or cast.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,8 @@ COMPLEX_DTYPES: dict[str, np.dtype] = {
 SUPPORTED_DTYPES: dict[str, np.dtype] = {**FLOAT_DTYPES, **COMPLEX_DTYPES}
 
 ShapeLike = int | Sequence[int]
+#: How :func:`prepare` takes an array argument: ``convert(a, name)`` (default :func:`as_array`).
+ArrayTaker = Callable[[Any, str], Any]
 
 
 def as_array(a: Any, name: str) -> np.ndarray:
@@ -78,15 +80,24 @@ def as_array(a: Any, name: str) -> np.ndarray:
         SUPPORTED_DTYPES.values()
     ):
         arr = arr.astype(arr.dtype.newbyteorder("="))  # big-endian: same values, native order
-    if arr.dtype not in SUPPORTED_DTYPES.values():
+    check_dtype(arr.dtype, name)
+    return arr
+
+
+def check_dtype(dtype: Any, name: str) -> np.dtype:
+    """``dtype`` when rmsref accepts it (:data:`SUPPORTED_DTYPES`), else a ``TypeError`` naming
+    ``name`` and the dtype. From the dtype alone, so arrays that are not NumPy's (device arrays)
+    are held to the same rule as :func:`as_array`'s."""
+    dtype = np.dtype(dtype)
+    if dtype not in SUPPORTED_DTYPES.values():
         hint = (
             " (cast integer inputs explicitly, e.g. x.astype(np.float32))"
-            if arr.dtype.kind in "iub" else ""
+            if dtype.kind in "iub" else ""
         )
         raise TypeError(
-            f"{name} has dtype {arr.dtype}; rmsref accepts {', '.join(SUPPORTED_DTYPES)}{hint}"
+            f"{name} has dtype {dtype}; rmsref accepts {', '.join(SUPPORTED_DTYPES)}{hint}"
         )
-    return arr
+    return dtype
 
 
 def _framework_array(a: Any) -> np.ndarray | None:
@@ -149,11 +160,15 @@ def check_input(x: np.ndarray, shape: tuple[int, ...], name: str = "input") -> N
         )
 
 
-def check_param(p: Any, name: str, shape: tuple[int, ...]) -> np.ndarray | None:
-    """Validate an optional per-feature parameter (weight, bias, or a tangent of one)."""
+def check_param(
+    p: Any, name: str, shape: tuple[int, ...], convert: ArrayTaker | None = None
+) -> np.ndarray | None:
+    """Validate an optional per-feature parameter (weight, bias, or a tangent of one).
+
+    ``convert`` takes the array (default :func:`as_array`; see :func:`prepare`)."""
     if p is None:
         return None
-    arr = as_array(p, name)
+    arr = (convert or as_array)(p, name)
     if tuple(arr.shape) != shape:
         raise ValueError(f"{name} has shape {tuple(arr.shape)} but normalized_shape is {shape}")
     return arr
@@ -303,14 +318,18 @@ def check_stat_dtype(dtype: np.dtype, name: str, complex_ok: bool = False) -> No
 
 
 def check_stat(
-    stat: Any, x: np.ndarray, shape: tuple[int, ...], name: str = "rstd"
+    stat: Any,
+    x: np.ndarray,
+    shape: tuple[int, ...],
+    name: str = "rstd",
+    convert: ArrayTaker | None = None,
 ) -> np.ndarray | None:
     """Validate a saved statistic (``rstd``, ``mean``, ``rnorm``) by its own name: shape
     ``lead`` or ``lead + (1,)*k``, a floating dtype (complex only for complex ``x``); return it
-    as (M, 1)."""
+    as (M, 1). ``convert`` takes the array (default :func:`as_array`; see :func:`prepare`)."""
     if stat is None:
         return None
-    arr = as_array(stat, name)
+    arr = (convert or as_array)(stat, name)
     check_stat_dtype(arr.dtype, name, complex_ok=x.dtype.kind == "c")
     check_stat_shape(tuple(arr.shape), tuple(x.shape), shape, name)
     return arr.reshape(-1, 1)
@@ -327,12 +346,13 @@ class NormInputs:
 
     Built by :func:`prepare`, so the oracle and the backends accept and refuse the same
     arguments with the same errors. Arrays keep their own dtype (each implementation chooses
-    its compute dtype); per-feature parameters are validated against ``shape``.
+    its compute dtype); per-feature parameters are validated against ``shape``. The arrays are
+    NumPy arrays, or whatever ``prepare``'s ``convert`` returned (a GPU backend's device arrays).
     """
 
     x: np.ndarray  # the input, native byte order, any leading shape
     shape: tuple[int, ...]  # normalized_shape
-    rows: np.ndarray  # (M, N) view of x (a copy only when its layout needs one)
+    rows: np.ndarray  # (M, N) view of x (a NumPy copy only when its layout needs one)
     weight: np.ndarray | None  # (*shape) or None
     bias: np.ndarray | None  # (*shape) or None
     eps: float  # finite, >= 0
@@ -364,6 +384,7 @@ def prepare(
     partial: Any = None,
     others: dict[str, Any] | None = None,
     stats: dict[str, Any] | None = None,
+    convert: ArrayTaker | None = None,
 ) -> NormInputs:
     """Check every argument of a norm call once and return them as :class:`NormInputs`.
 
@@ -377,6 +398,12 @@ def prepare(
     stats : dict, optional
         Saved per-row statistics by their own name (``{"mean": mean, "rstd": rstd}``); None
         values stay None.
+    convert : callable, optional
+        ``convert(a, name)`` takes each array argument; default :func:`as_array` (NumPy). A GPU
+        backend passes its own, returning device arrays: every check below reads only
+        ``.shape``, ``.ndim``, ``.dtype`` and calls ``.reshape`` (a view), so device arrays meet
+        the same rules and errors as NumPy ones (``convert`` must check the dtype itself, e.g.
+        with :func:`check_dtype`).
 
     Raises
     ------
@@ -384,25 +411,27 @@ def prepare(
         Naming the argument and what was received (see :func:`as_array` for the array
         policies: masked arrays, ``numpy.matrix``, byte order).
     """
-    arr = as_array(x, "input")
+    convert = convert or as_array
+    arr = convert(x, "input")
     shape = normalize_shape(normalized_shape)
     check_input(arr, shape, "input")
     checked = {}
     for name, a in (others or {}).items():
-        checked[name] = as_array(a, name)
+        checked[name] = convert(a, name)
         check_same_shape(checked[name], arr, name)
     rows = rows_view(arr, shape)
     return NormInputs(
         x=arr,
         shape=shape,
         rows=rows,
-        weight=check_param(weight, "weight", shape),
-        bias=check_param(bias, "bias", shape),
+        weight=check_param(weight, "weight", shape, convert),
+        bias=check_param(bias, "bias", shape, convert),
         eps=resolve_eps(eps, arr.dtype, eps_default),
         offset=resolve_offset(offset),
         k_feat=resolve_partial(partial, rows.shape[1]),
         others=checked,
-        stats={name: check_stat(s, arr, shape, name) for name, s in (stats or {}).items()},
+        stats={name: check_stat(s, arr, shape, name, convert)
+               for name, s in (stats or {}).items()},
     )
 
 

@@ -73,6 +73,11 @@ interface has no bfloat16 type: pass bfloat16 device data as its uint16/int16 bi
 bfloat16 tensors are viewed as int16 automatically and returned as bfloat16). All arrays of one
 call must be on the same side. Device rows must be viewable as (M, N) without a copy.
 
+Every call starts from the library's one input contract (``rmsref._shapes.prepare``), device
+arrays included: they are checked from their shapes and dtypes by the same rules, with the same
+errors, as the oracle's NumPy arguments. What this backend adds on top: float32/float16/bfloat16
+only, and a device ``rstd`` must be float32.
+
 For benchmarks, :func:`prepare_forward` / :func:`prepare_backward` move operands and allocate
 outputs once and return a :class:`Prepared` whose ``run()`` only enqueues the kernels.
 
@@ -106,19 +111,18 @@ import numpy as np
 from numba import cuda
 
 from rmsref._shapes import (
+    NormInputs,
     ShapeLike,
     as_array,
     bfloat16,
+    check_dtype,
     check_out,
-    check_stat_dtype,
-    check_stat_shape,
     into_out,
-    normalize_shape,
-    resolve_eps,
-    resolve_offset,
+    prepare,
     resolve_out_dtype,
-    resolve_partial,
     resolve_rounding,
+    rows_view,
+    stat_shape,
 )
 from rmsref.kernels import _halfbits_cuda as hb
 from rmsref.rmsnorm import AddRMSNormGrads, RMSNormGrads
@@ -400,14 +404,63 @@ else:
 
 
 # --------------------------------------------------------------------------------------------
-# Kernel factories. Kernels are specialised at build time on the storage kinds and on which
-# optional operands exist (closure constants: the dead branches compile away), and cached.
+# Kernel options and factories. A kernel is specialised at build time on the storage kinds of its
+# arrays and on which optional arrays exist (closure constants: the dead branches compile away);
+# its options record is the cache key.
 # --------------------------------------------------------------------------------------------
 
 
-def _h_loader(kx: int, kr: int, has_r: bool, rounded: bool):
+@dataclass(frozen=True)
+class ForwardOptions:
+    """What one forward kernel is built for.
+
+    Storage kinds are ``F32``, ``F16``, ``BF16``; ``None`` marks an absent optional array (its
+    argument is then a float32 placeholder that is never read).
+    """
+
+    variant: str  # "block" or "warp"
+    threads: int  # T, threads per block
+    x: int  # the kind of x
+    y: int  # the kind of y (out_dtype)
+    weight: int | None = None
+    bias: int | None = None
+    residual: int | None = None  # the fused add: the residual's kind, read and written back
+    rounded: bool = False  # "rounded-sum": h is rounded to x's dtype before it is normalised
+
+
+@dataclass(frozen=True)
+class BackwardOptions:
+    """What one backward (stage 1) kernel is built for; kinds as in :class:`ForwardOptions`.
+
+    dx has x's kind, dresidual the residual's.
+    """
+
+    threads: int  # T, threads per block
+    cols: int  # C = ceil(N / T): dweight/dbias accumulators per thread
+    x: int
+    dy: int
+    weight: int | None = None
+    bias: bool = False  # dbias is wanted (the bias itself is not read)
+    residual: int | None = None
+    dresidual_out: int | None = None
+    rounded: bool = False
+    saved_rstd: bool = False  # use the forward's rstd instead of recomputing it
+
+
+def _load(kind: int | None):
+    """The device function reading storage ``kind`` as float32 (float32 for an absent array)."""
+    return _LOAD[F32 if kind is None else kind]
+
+
+def _store(kind: int | None):
+    """The device function rounding float32 to storage ``kind`` (float32 for an absent array)."""
+    return _STORE[F32 if kind is None else kind]
+
+
+def _h_loader(x_kind: int, residual_kind: int | None, rounded: bool):
     """Device function h(x, r, i, j) -> float32: x, or the residual sum (both meanings)."""
-    ldx, ldr, stx = _LOAD[kx], _LOAD[kr], _STORE[kx]
+    ldx, ldr, stx = _LOAD[x_kind], _load(residual_kind), _STORE[x_kind]
+    has_r = residual_kind is not None
 
     @cuda.jit(device=True)
     def h_at(x, r, i, j):
@@ -422,13 +475,12 @@ def _h_loader(kx: int, kr: int, has_r: bool, rounded: bool):
 
 
 @functools.cache
-def _forward_kernel(variant: str, threads: int, kx: int, kr: int, kw: int, kb: int, ky: int,
-                    kro: int, has_w: bool, has_b: bool, has_r: bool, rounded: bool):
-    """The forward kernel (``variant`` "block" or "warp") for one combination of storage kinds
-    (x, residual, weight, bias, y, new residual) and optional operands."""
-    h_at = _h_loader(kx, kr, has_r, rounded)
-    ldw, ldb, sty, stro = _LOAD[kw], _LOAD[kb], _STORE[ky], _STORE[kro]
-    T = threads
+def _forward_kernel(o: ForwardOptions):
+    """The forward kernel (``o.variant``: "block" or "warp") built for ``o``."""
+    h_at = _h_loader(o.x, o.residual, o.rounded)
+    ldw, ldb, sty, stro = _load(o.weight), _load(o.bias), _STORE[o.y], _store(o.residual)
+    has_w, has_b, has_r = o.weight is not None, o.bias is not None, o.residual is not None
+    T = o.threads
 
     @cuda.jit(device=True)
     def write_row(x, r, w, b, y, i, n, rs, scale, offset, start, step):
@@ -456,7 +508,7 @@ def _forward_kernel(variant: str, threads: int, kx: int, kr: int, kw: int, kb: i
                 rout[i, j] = stro(h)  # h rounded to the residual's dtype
         return acc
 
-    if variant == "block":
+    if o.variant == "block":
 
         @cuda.jit
         def forward_block(x, r, w, b, y, rout, rstd, n, k, eps, scale, offset):
@@ -494,16 +546,14 @@ def _forward_kernel(variant: str, threads: int, kx: int, kr: int, kw: int, kb: i
 
 
 @functools.cache
-def _backward_kernel(threads: int, cols: int, kx: int, kr: int, kw: int, kdy: int, kdro: int,
-                     kdx: int, kdr: int, has_w: bool, has_b: bool, has_r: bool, has_dro: bool,
-                     rounded: bool, has_rstd: bool):
-    """Backward stage 1 for T = ``threads`` and C = ``cols`` accumulators per thread, one
-    combination of storage kinds (x, residual, weight, dy, dresidual_out, dx, dresidual) and
-    optional operands; ``has_rstd``: use the saved statistic instead of recomputing it."""
-    h_at = _h_loader(kx, kr, has_r, rounded)
-    ldw, lddy, lddro = _LOAD[kw], _LOAD[kdy], _LOAD[kdro]
-    stdx, stdr = _STORE[kdx], _STORE[kdr]
-    T, C = threads, cols
+def _backward_kernel(o: BackwardOptions):
+    """Backward stage 1 built for ``o``: T = ``o.threads``, C = ``o.cols`` per thread."""
+    h_at = _h_loader(o.x, o.residual, o.rounded)
+    ldw, lddy, lddro = _load(o.weight), _LOAD[o.dy], _load(o.dresidual_out)
+    stdx, stdr = _STORE[o.x], _store(o.residual)
+    has_w, has_b, has_r = o.weight is not None, o.bias, o.residual is not None
+    has_dro, has_rstd = o.dresidual_out is not None, o.saved_rstd
+    T, C = o.threads, o.cols
 
     @cuda.jit
     def backward_block(dy, x, r, w, dro, rstd_in, dx, dr, pw, pb, m, n, k, eps, scale,
@@ -589,7 +639,8 @@ def _column_sum_kernel(kout: int):
 
 
 # --------------------------------------------------------------------------------------------
-# Host side: operands on the host (copied) or on the device (used in place)
+# Host side: arrays on the host (copied) or on the device (used in place), checked by the
+# library's one input contract (rmsref._shapes.prepare) either way
 # --------------------------------------------------------------------------------------------
 
 
@@ -610,15 +661,54 @@ def _is_cupy(a: Any) -> bool:
     return type(a).__module__.split(".")[0] == "cupy"
 
 
-@dataclass
+@dataclass(frozen=True)
+class _DeviceArray:
+    """A CUDA array as the input contract sees it: its shape and *logical* dtype (bfloat16 for
+    uint16/int16 bits), with the storage (float32, or uint16 bits for half types) in place."""
+
+    storage: Any  # numba device array
+    dtype: np.dtype
+    name: str
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(int(s) for s in self.storage.shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.storage.shape)
+
+    def reshape(self, *shape: int) -> _DeviceArray:
+        """A view with another shape; never a copy (device arrays are used in place)."""
+        try:
+            return _DeviceArray(self.storage.reshape(*shape), self.dtype, self.name)
+        except Exception as exc:  # noqa: BLE001 - numba raises NotImplementedError/ValueError
+            raise ValueError(
+                f"{self.name} (device array, shape {self.shape}) cannot be viewed as {shape} "
+                f"without a copy ({exc}); pass a C-contiguous array"
+            ) from None
+
+
+def _device_array(a: Any, name: str) -> _DeviceArray:
+    """A CUDA array (numba, CuPy, torch) viewed in place, its dtype checked as NumPy's are."""
+    if _is_torch(a):
+        import torch
+
+        if a.dtype == torch.bfloat16:
+            a = a.view(torch.int16)  # the CUDA array interface has no bfloat16
+    d = a if getattr(type(a), "__cuda_ndarray__", False) else cuda.as_cuda_array(a)
+    if np.dtype(d.dtype) in (np.dtype(np.uint16), np.dtype(np.int16)):
+        return _DeviceArray(d.view(np.uint16), bfloat16, name)  # bfloat16 passed as its bits
+    dtype = check_dtype(d.dtype, name)
+    return _DeviceArray(d.view(np.uint16) if dtype == np.float16 else d, dtype, name)
+
+
+@dataclass(frozen=True)
 class _Operand:
-    """One array argument: its (M, N) or (N,) device storage and what to give back."""
+    """One array on the device, as a kernel reads it: storage and its kind."""
 
     dev: Any  # device array holding the storage kind (float32 or uint16 bits)
     kind: int
-    dtype: np.dtype  # the logical dtype (float32, float16, bfloat16)
-    shape: tuple[int, ...]
-    source: Any  # the original object (device side), for wrapping results
 
 
 class _Call:
@@ -629,55 +719,29 @@ class _Call:
         self.template = x
 
     # -- inputs --------------------------------------------------------------------------
-    def operand(self, a: Any, name: str, rows: tuple[int, int] | None,
-                like: tuple[int, ...] | None = None) -> _Operand:
-        """Validate ``a`` and move it (as rows (M, N) or a vector (N,)) to the device.
-
-        ``like``: the shape ``a`` must have (x's, for dy and the residual).
-        """
-        if _is_device(a) != self.on_device:
+    def take(self, a: Any, name: str) -> Any:
+        """The contract's ``convert``: ``a`` on this call's side, as NumPy or a device view."""
+        if a is not None and _is_device(a) != self.on_device:
             mine, theirs = ("host", "device") if self.on_device else ("device", "host")
             raise TypeError(
                 f"{name} is a {mine} array but x is a {theirs} array; pass every array of a "
                 "call on the same side (NumPy arrays are copied, device arrays used in place)"
             )
-        arr = a if self.on_device else as_array(a, name)  # a list or None: a named error
-        if like is not None and tuple(int(d) for d in arr.shape) != like:
-            raise ValueError(f"{name} has shape {tuple(arr.shape)} but x has shape {like}")
+        if a is None or not self.on_device:
+            return as_array(a, name)  # None too: the contract's own error
+        return _device_array(a, name)
+
+    def prepare(self, x: Any, normalized_shape: ShapeLike, **arguments: Any) -> NormInputs:
+        """The checked arguments (:func:`rmsref._shapes.prepare`); every array on this side."""
+        return prepare(x, normalized_shape, convert=self.take, **arguments)
+
+    def operand(self, a: Any, name: str) -> _Operand:
+        """A checked array (NumPy or a device view) on the device, in its storage kind."""
+        kind = _kind(a.dtype, name)
         if self.on_device:
-            return self._device_operand(a, name, rows)
-        kind = _kind(arr.dtype, name)
-        shaped = arr.reshape(rows) if rows is not None else arr.reshape(-1)
-        storage = np.ascontiguousarray(shaped).view(_STORAGE_OF_KIND[kind])
-        return _Operand(cuda.to_device(storage), kind, arr.dtype, tuple(arr.shape), a)
-
-    def _device_operand(self, a: Any, name: str, rows: tuple[int, int] | None) -> _Operand:
-        logical = None
-        if _is_torch(a):
-            import torch
-
-            if a.dtype == torch.bfloat16:
-                a, logical = a.view(torch.int16), bfloat16
-        d = a if getattr(type(a), "__cuda_ndarray__", False) else cuda.as_cuda_array(a)
-        dt = np.dtype(d.dtype)
-        if dt in (np.dtype(np.uint16), np.dtype(np.int16)):
-            kind, logical = BF16, bfloat16  # bits: the CUDA array interface has no bfloat16
-            d = d.view(np.uint16)
-        else:
-            kind = _kind(dt, name)
-            logical = dt
-            if kind == F16:
-                d = d.view(np.uint16)
-        shape = tuple(int(s) for s in d.shape)
-        target = rows if rows is not None else (int(np.prod(shape)),)
-        try:
-            d = d.reshape(target)
-        except Exception as exc:  # noqa: BLE001 - numba raises NotImplementedError/ValueError
-            raise ValueError(
-                f"{name} (device array, shape {shape}) cannot be viewed as {target} without a "
-                f"copy ({exc}); pass a C-contiguous array"
-            ) from None
-        return _Operand(d, kind, np.dtype(logical), shape, a)
+            return _Operand(a.storage, kind)
+        storage = np.ascontiguousarray(a).view(_STORAGE_OF_KIND[kind])
+        return _Operand(cuda.to_device(storage), kind)
 
     # -- outputs -------------------------------------------------------------------------
     def empty(self, shape: tuple[int, ...], kind: int) -> Any:
@@ -716,30 +780,59 @@ def _kind(dtype: np.dtype, name: str) -> int:
         ) from None
 
 
-def _rows_shape(shape: tuple[int, ...], nshape: tuple[int, ...], name: str) -> tuple[int, int]:
-    """(M, N) for an input of ``shape`` (host or device), with rmsref's usual error."""
-    k = len(nshape)
-    if len(shape) < k or tuple(shape[len(shape) - k :]) != nshape:
-        raise ValueError(
-            f"normalized_shape {nshape} does not match the trailing dims of {name} "
-            f"with shape {shape}"
-        )
-    n = int(np.prod(nshape))
-    m = int(np.prod(shape[: len(shape) - len(nshape)]))
-    return m, n
+@dataclass
+class _Operands:
+    """Every array of one checked call on the device: x and the arrays of x's shape as (M, N)
+    rows, weight and bias as (N,), a saved rstd as float32 (M,); None where absent."""
+
+    x: _Operand
+    weight: _Operand | None
+    bias: _Operand | None
+    others: dict[str, _Operand]  # dy, residual, dresidual_out: those given
+    rstd: Any  # float32 (M,) device array, or None
+
+    @classmethod
+    def of(cls, call: _Call, inputs: NormInputs) -> _Operands:
+        def vector(p: Any, name: str) -> _Operand | None:
+            return None if p is None else call.operand(p.reshape(-1), name)
+
+        others = {name: call.operand(rows_view(a, inputs.shape), name)
+                  for name, a in inputs.others.items()}
+        return cls(call.operand(inputs.rows, "input"), vector(inputs.weight, "weight"),
+                   vector(inputs.bias, "bias"), others,
+                   _saved_rstd(call, inputs.stats.get("rstd")))
+
+    def optional(self, name: str) -> _Operand | None:
+        """An optional array by name (weight, bias, residual, dresidual_out), None if absent."""
+        return getattr(self, name) if name in ("weight", "bias") else self.others.get(name)
+
+    def kind(self, name: str) -> int | None:
+        """The storage kind of an optional array, None when absent (a kernel option)."""
+        op = self.optional(name)
+        return None if op is None else op.kind
+
+    def dev(self, name: str, ndim: int) -> Any:
+        """The device array of an optional array, or a placeholder the kernel never reads."""
+        op = self.optional(name)
+        return _dummy(ndim) if op is None else op.dev
+
+    def nbytes(self) -> int:
+        ops = [self.x, self.weight, self.bias, *self.others.values()]
+        return _nbytes(*(op.dev for op in ops if op is not None), self.rstd)
 
 
-def _stat_shape(shape: tuple[int, ...], nshape: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(shape[: len(shape) - len(nshape)]) + (1,) * len(nshape)
-
-
-def _param(call: _Call, p: Any, name: str, nshape: tuple[int, ...]) -> _Operand | None:
-    if p is None:
+def _saved_rstd(call: _Call, rstd: Any) -> Any:
+    """A checked saved rstd ((M, 1), any float dtype on the host) as a float32 (M,) array."""
+    if rstd is None:
         return None
-    op = call.operand(p, name, None)
-    if op.shape != nshape:
-        raise ValueError(f"{name} has shape {op.shape} but normalized_shape is {nshape}")
-    return op
+    if not call.on_device:
+        return cuda.to_device(np.ascontiguousarray(rstd.reshape(-1), dtype=np.float32))
+    if rstd.dtype != np.float32:  # on the device there is nothing to convert it with
+        raise TypeError(
+            f"rstd (device array) has dtype {rstd.dtype}; a device rstd must be float32, as "
+            "the forward saves it"
+        )
+    return rstd.reshape(-1).storage
 
 
 _DUMMIES: dict[int, Any] = {}
@@ -750,25 +843,6 @@ def _dummy(ndim: int) -> Any:
     if ndim not in _DUMMIES:
         _DUMMIES[ndim] = cuda.to_device(np.zeros((1,) * ndim, np.float32))
     return _DUMMIES[ndim]
-
-
-def _dev(op: _Operand | None, ndim: int) -> tuple[Any, int]:
-    return (_dummy(ndim), F32) if op is None else (op.dev, op.kind)
-
-
-def _rstd_operand(call: _Call, rstd: Any, xs: tuple[int, ...], nshape: tuple[int, ...],
-                  m: int) -> Any:
-    """A saved rstd (shape lead or lead + (1,)*k, any float dtype) as a float32 (M,) array."""
-    if call.on_device != _is_device(rstd):
-        raise TypeError("rstd must be on the same side (host or device) as x")
-    if call.on_device:
-        check_stat_shape(tuple(int(s) for s in rstd.shape), xs, nshape, "rstd")
-        d = rstd if getattr(type(rstd), "__cuda_ndarray__", False) else cuda.as_cuda_array(rstd)
-        return d.reshape((m,))
-    host = as_array(rstd, "rstd")
-    check_stat_dtype(host.dtype, "rstd")
-    check_stat_shape(tuple(host.shape), xs, nshape, "rstd")
-    return cuda.to_device(np.ascontiguousarray(host.reshape(m), dtype=np.float32))
 
 
 # --------------------------------------------------------------------------------------------
@@ -811,25 +885,25 @@ def _nbytes(*ops: Any) -> int:
     return sum(int(o.size) * int(o.dtype.itemsize) for o in ops if o is not None)
 
 
-def _forward_prepare(call: _Call, xo: _Operand, ro: _Operand | None, wo: _Operand | None,
-                     bo: _Operand | None, m: int, n: int, k: int, eps: float, offset: float,
-                     ky: int, kro: int, rounded: bool, launch: Launch | None) -> Prepared:
-    y = call.empty((m, n), ky)
-    rout = call.empty((m, n), kro) if ro is not None else None
+def _forward_prepare(call: _Call, inputs: NormInputs, ops: _Operands, y_kind: int,
+                     rounded: bool, launch: Launch | None) -> Prepared:
+    m, n = inputs.m, inputs.n
+    y = call.empty((m, n), y_kind)
+    residual_kind = ops.kind("residual")
+    rout = None if residual_kind is None else call.empty((m, n), residual_kind)
     rstd = cuda.device_array((m,), np.float32)
     plan = plan_forward(n, m, launch)
     launches = []
     if m > 0:
-        r_dev, kr = _dev(ro, 2)
-        w_dev, kw = _dev(wo, 1)
-        b_dev, kb = _dev(bo, 1)
-        kern = _forward_kernel(plan.variant, plan.threads, xo.kind, kr, kw, kb, ky, kro,
-                               wo is not None, bo is not None, ro is not None, rounded)
-        args = (xo.dev, r_dev, w_dev, b_dev, y, _dummy(2) if rout is None else rout, rstd, n, k,
-                np.float32(eps), np.float32(1.0 + offset), np.float32(offset))
-        launches.append((kern, plan.blocks, plan.threads, args))
-    moved = _nbytes(xo.dev, None if ro is None else ro.dev, None if wo is None else wo.dev,
-                    None if bo is None else bo.dev, y, rout, rstd)
+        options = ForwardOptions(variant=plan.variant, threads=plan.threads, x=ops.x.kind,
+                                 y=y_kind, weight=ops.kind("weight"), bias=ops.kind("bias"),
+                                 residual=residual_kind, rounded=rounded)
+        args = (ops.x.dev, ops.dev("residual", 2), ops.dev("weight", 1), ops.dev("bias", 1), y,
+                _dummy(2) if rout is None else rout, rstd, n, inputs.k_feat,
+                np.float32(inputs.eps), np.float32(1.0 + inputs.offset),
+                np.float32(inputs.offset))
+        launches.append((_forward_kernel(options), plan.blocks, plan.threads, args))
+    moved = ops.nbytes() + _nbytes(y, rout, rstd)
     return Prepared(launches, {"y": y, "residual": rout, "rstd": rstd}, plan, moved)
 
 
@@ -841,47 +915,44 @@ def _column_sum_launch(call: _Call, part: Any, n: int, kout: int,
     return out, (_column_sum_kernel(kout), max(1, math.ceil(n / t)), t, (part, out, n))
 
 
-def _backward_prepare(call: _Call, dyo: _Operand, xo: _Operand, ro: _Operand | None,
-                      wo: _Operand | None, bo: _Operand | None, dro: _Operand | None,
-                      rstd_dev: Any, m: int, n: int, k: int, eps: float, offset: float,
-                      rounded: bool, launch: Launch | None) -> Prepared:
-    dx = call.empty((m, n), xo.kind)
-    dr = call.empty((m, n), ro.kind) if ro is not None else None
+def _backward_prepare(call: _Call, inputs: NormInputs, ops: _Operands, rounded: bool,
+                      launch: Launch | None) -> Prepared:
+    m, n = inputs.m, inputs.n
+    dx = call.empty((m, n), ops.x.kind)
+    residual_kind = ops.kind("residual")
+    dr = None if residual_kind is None else call.empty((m, n), residual_kind)
     plan = plan_backward(n, m, launch)
-    has_w, has_b = wo is not None, bo is not None
+    has_w, has_b = ops.weight is not None, ops.bias is not None
     # stage 1 writes one float32 partial row per block; with no rows, one zero row
     g = plan.blocks if m > 0 else 1
     pw = cuda.device_array((g, n), np.float32) if has_w else None
     pb = cuda.device_array((g, n), np.float32) if has_b else None
     launches = []
     if m > 0:
-        r_dev, kr = _dev(ro, 2)
-        w_dev, kw = _dev(wo, 1)
-        dro_dev, kdro = _dev(dro, 2)
-        has_rstd = rstd_dev is not None
-        kern = _backward_kernel(plan.threads, plan.cols_per_thread, xo.kind, kr, kw, dyo.kind,
-                                kdro, xo.kind, F32 if ro is None else ro.kind, has_w, has_b,
-                                ro is not None, dro is not None, rounded, has_rstd)
-        args = (dyo.dev, xo.dev, r_dev, w_dev, dro_dev, rstd_dev if has_rstd else _dummy(1),
+        options = BackwardOptions(threads=plan.threads, cols=plan.cols_per_thread, x=ops.x.kind,
+                                  dy=ops.others["dy"].kind, weight=ops.kind("weight"),
+                                  bias=has_b, residual=residual_kind,
+                                  dresidual_out=ops.kind("dresidual_out"), rounded=rounded,
+                                  saved_rstd=ops.rstd is not None)
+        args = (ops.others["dy"].dev, ops.x.dev, ops.dev("residual", 2), ops.dev("weight", 1),
+                ops.dev("dresidual_out", 2), _dummy(1) if ops.rstd is None else ops.rstd,
                 dx, _dummy(2) if dr is None else dr, _dummy(2) if pw is None else pw,
-                _dummy(2) if pb is None else pb, m, n, k, np.float32(eps),
-                np.float32(1.0 + offset), np.float32(offset))
-        launches.append((kern, plan.blocks, plan.threads, args))
+                _dummy(2) if pb is None else pb, m, n, inputs.k_feat, np.float32(inputs.eps),
+                np.float32(1.0 + inputs.offset), np.float32(inputs.offset))
+        launches.append((_backward_kernel(options), plan.blocks, plan.threads, args))
     else:
         for part in (pw, pb):
             if part is not None:
                 part.copy_to_device(np.zeros((1, n), np.float32))
     dw = db = None
     if has_w:
-        dw, stage2 = _column_sum_launch(call, pw, n, wo.kind, launch)
+        dw, stage2 = _column_sum_launch(call, pw, n, ops.weight.kind, launch)
         launches.append(stage2)
     if has_b:
-        db, stage2 = _column_sum_launch(call, pb, n, bo.kind, launch)
+        db, stage2 = _column_sum_launch(call, pb, n, ops.bias.kind, launch)
         launches.append(stage2)
     parts = 2 * _nbytes(pw, pb)  # written by stage 1, read by stage 2
-    moved = parts + _nbytes(dyo.dev, xo.dev, None if ro is None else ro.dev,
-                            None if wo is None else wo.dev, None if dro is None else dro.dev,
-                            rstd_dev, dx, dr, dw, db)
+    moved = parts + ops.nbytes() + _nbytes(dx, dr, dw, db)
     outputs = {"dx": dx, "dresidual": dr, "dweight": dw, "dbias": db}
     return Prepared(launches, outputs, plan, moved)
 
@@ -892,81 +963,59 @@ def _backward_prepare(call: _Call, dyo: _Operand, xo: _Operand, ro: _Operand | N
 
 
 @dataclass
-class _Forward:
+class _Launched:
+    """A prepared call with what its results need: the side, the checked arguments, the kinds."""
+
     call: _Call
-    xs: tuple[int, ...]
-    nshape: tuple[int, ...]
-    xo: _Operand
-    ro: _Operand | None
-    wo: _Operand | None
-    ky: int
+    inputs: NormInputs
+    ops: _Operands
     prepared: Prepared
+
+    def result(self, output: str, kind: int, shape: tuple[int, ...]) -> Any:
+        return self.call.result(self.prepared.outputs[output], kind, shape)
+
+    @property
+    def x_shape(self) -> tuple[int, ...]:
+        return tuple(self.inputs.x.shape)
+
+    @property
+    def rstd_shape(self) -> tuple[int, ...]:
+        return stat_shape(self.inputs.x, self.inputs.shape)
+
+
+def _given(**arrays: Any) -> dict[str, Any]:
+    """The optional arrays that were passed (the contract takes arrays, not None)."""
+    return {name: a for name, a in arrays.items() if a is not None}
 
 
 def _forward_call(x: Any, normalized_shape: ShapeLike, weight: Any, eps: float | None, *,
                   bias: Any = None, offset: float = 0.0, partial: float | None = None,
                   out_dtype: Any = None, residual: Any = None, rounding: str = "fp32-sum",
-                  launch: Launch | None = None) -> _Forward:
+                  launch: Launch | None = None) -> tuple[_Launched, int]:
+    """A forward checked and prepared; returns it and the kind of y."""
     rounded = resolve_rounding(rounding)
     call = _Call(x)
-    nshape = normalize_shape(normalized_shape)
-    xs = _input_shape(call, x)
-    m, n = _rows_shape(xs, nshape, "input")
-    xo = call.operand(x, "input", (m, n))
-    ro = None if residual is None else call.operand(residual, "residual", (m, n), xs)
-    wo = _param(call, weight, "weight", nshape)
-    bo = _param(call, bias, "bias", nshape)
-    eps_v = resolve_eps(eps, xo.dtype)
-    ky = _kind(resolve_out_dtype(out_dtype, np.empty(0, xo.dtype)), "out_dtype")
-    k = resolve_partial(partial, n)
-    prepared = _forward_prepare(call, xo, ro, wo, bo, m, n, k, eps_v, resolve_offset(offset), ky,
-                                F32 if ro is None else ro.kind, rounded, launch)
-    return _Forward(call, xs, nshape, xo, ro, wo, ky, prepared)
-
-
-@dataclass
-class _Backward:
-    call: _Call
-    xs: tuple[int, ...]
-    nshape: tuple[int, ...]
-    xo: _Operand
-    ro: _Operand | None
-    wo: _Operand | None
-    bo: _Operand | None
-    prepared: Prepared
+    inputs = call.prepare(x, normalized_shape, weight=weight, bias=bias, eps=eps, offset=offset,
+                          partial=partial, others=_given(residual=residual))
+    ops = _Operands.of(call, inputs)
+    y_kind = _kind(resolve_out_dtype(out_dtype, inputs.x), "out_dtype")
+    prepared = _forward_prepare(call, inputs, ops, y_kind, rounded, launch)
+    return _Launched(call, inputs, ops, prepared), y_kind
 
 
 def _backward_call(dy: Any, x: Any, normalized_shape: ShapeLike, weight: Any,
                    eps: float | None, *, rstd: Any = None, bias: Any = None,
                    offset: float = 0.0, partial: float | None = None, residual: Any = None,
                    dresidual_out: Any = None, rounding: str = "fp32-sum",
-                   launch: Launch | None = None) -> _Backward:
+                   launch: Launch | None = None) -> _Launched:
+    """A backward checked and prepared (dy is required, the fused add's arrays optional)."""
     rounded = resolve_rounding(rounding)
     call = _Call(x)
-    nshape = normalize_shape(normalized_shape)
-    xs = _input_shape(call, x)
-    m, n = _rows_shape(xs, nshape, "input")
-    xo = call.operand(x, "input", (m, n))
-    ro = None if residual is None else call.operand(residual, "residual", (m, n), xs)
-    dyo = call.operand(dy, "dy", (m, n), xs)
-    dro = None
-    if dresidual_out is not None:
-        dro = call.operand(dresidual_out, "dresidual_out", (m, n), xs)
-    wo = _param(call, weight, "weight", nshape)
-    bo = _param(call, bias, "bias", nshape)
-    eps_v = resolve_eps(eps, xo.dtype)
-    k = resolve_partial(partial, n)
-    rstd_dev = None if rstd is None else _rstd_operand(call, rstd, xs, nshape, m)
-    prepared = _backward_prepare(call, dyo, xo, ro, wo, bo, dro, rstd_dev, m, n, k, eps_v,
-                                 resolve_offset(offset), rounded, launch)
-    return _Backward(call, xs, nshape, xo, ro, wo, bo, prepared)
-
-
-def _input_shape(call: _Call, x: Any) -> tuple[int, ...]:
-    """x's shape, validating host inputs' dtype on the way (device ones are checked later)."""
-    if call.on_device:
-        return tuple(int(s) for s in x.shape)
-    return tuple(as_array(x, "input").shape)
+    others = {"dy": dy, **_given(residual=residual, dresidual_out=dresidual_out)}
+    inputs = call.prepare(x, normalized_shape, weight=weight, bias=bias, eps=eps, offset=offset,
+                          partial=partial, stats={"rstd": rstd}, others=others)
+    ops = _Operands.of(call, inputs)
+    return _Launched(call, inputs, ops, _backward_prepare(call, inputs, ops, rounded, launch))
 
 
 def _host_out(call: _Call, out: Any, shape: tuple[int, ...], kind: int,
@@ -992,6 +1041,11 @@ def _give(result: Any, out: np.ndarray | None, shape: tuple[int, ...]) -> Any:
     return result if out is None else into_out(result, out, shape)
 
 
+def _param_grad(b: _Launched, output: str, param: _Operand | None) -> Any:
+    """dweight or dbias in the parameter's dtype and shape; None without that parameter."""
+    return None if param is None else b.result(output, param.kind, b.inputs.shape)
+
+
 def prepare_forward(x: Any, normalized_shape: ShapeLike, weight: Any = None,
                     eps: float | None = None, *, bias: Any = None, offset: float = 0.0,
                     partial: float | None = None, out_dtype: Any = None, residual: Any = None,
@@ -1008,7 +1062,7 @@ def prepare_forward(x: Any, normalized_shape: ShapeLike, weight: Any = None,
     """
     return _forward_call(x, normalized_shape, weight, eps, bias=bias, offset=offset,
                          partial=partial, out_dtype=out_dtype, residual=residual,
-                         rounding=rounding, launch=launch).prepared
+                         rounding=rounding, launch=launch)[0].prepared
 
 
 def prepare_backward(dy: Any, x: Any, normalized_shape: ShapeLike, weight: Any = None,
@@ -1104,13 +1158,12 @@ def rms_norm_forward(
     rstd : array
         float32, shape ``x.shape[:-k] + (1,) * k``.
     """
-    f = _forward_call(x, normalized_shape, weight, eps, bias=bias, offset=offset,
-                      partial=partial, out_dtype=out_dtype, launch=launch)
-    y_out = _host_out(f.call, out, f.xs, f.ky, {"x": x, "weight": weight, "bias": bias})
+    f, y_kind = _forward_call(x, normalized_shape, weight, eps, bias=bias, offset=offset,
+                              partial=partial, out_dtype=out_dtype, launch=launch)
+    y_out = _host_out(f.call, out, f.x_shape, y_kind, {"x": x, "weight": weight, "bias": bias})
     f.prepared.run()
-    outputs = f.prepared.outputs
-    return (_give(f.call.result(outputs["y"], f.ky, f.xs), y_out, f.xs),
-            f.call.result(outputs["rstd"], F32, _stat_shape(f.xs, f.nshape)))
+    return (_give(f.result("y", y_kind, f.x_shape), y_out, f.x_shape),
+            f.result("rstd", F32, f.rstd_shape))
 
 
 def rms_norm_backward(
@@ -1149,13 +1202,12 @@ def rms_norm_backward(
     """
     b = _backward_call(dy, x, normalized_shape, weight, eps, rstd=rstd, bias=bias, offset=offset,
                        partial=partial, launch=launch)
-    dx_out = _host_out(b.call, out, b.xs, b.xo.kind, {"dy": dy, "x": x, "weight": weight})
+    dx_out = _host_out(b.call, out, b.x_shape, b.ops.x.kind, {"dy": dy, "x": x, "weight": weight})
     b.prepared.run()
-    outputs = b.prepared.outputs
     return RMSNormGrads(
-        _give(b.call.result(outputs["dx"], b.xo.kind, b.xs), dx_out, b.xs),
-        None if b.wo is None else b.call.result(outputs["dweight"], b.wo.kind, b.nshape),
-        None if b.bo is None else b.call.result(outputs["dbias"], b.bo.kind, b.nshape),
+        _give(b.result("dx", b.ops.x.kind, b.x_shape), dx_out, b.x_shape),
+        _param_grad(b, "dweight", b.ops.weight),
+        _param_grad(b, "dbias", b.ops.bias),
     )
 
 
@@ -1219,13 +1271,12 @@ def add_rms_norm_forward(
         float32, shape ``x.shape[:-k] + (1,) * k``.
     """
     _required(residual, "residual")
-    f = _forward_call(x, normalized_shape, weight, eps, offset=offset, residual=residual,
-                      rounding=rounding, launch=launch)
+    f, y_kind = _forward_call(x, normalized_shape, weight, eps, offset=offset,
+                              residual=residual, rounding=rounding, launch=launch)
     f.prepared.run()
-    out = f.prepared.outputs
-    return (f.call.result(out["y"], f.ky, f.xs),
-            f.call.result(out["residual"], f.ro.kind, f.xs),
-            f.call.result(out["rstd"], F32, _stat_shape(f.xs, f.nshape)))
+    return (f.result("y", y_kind, f.x_shape),
+            f.result("residual", f.ops.others["residual"].kind, f.x_shape),
+            f.result("rstd", F32, f.rstd_shape))
 
 
 def add_rms_norm_backward(
@@ -1266,9 +1317,8 @@ def add_rms_norm_backward(
                        residual=residual, dresidual_out=dresidual_out, rounding=rounding,
                        launch=launch)
     b.prepared.run()
-    out = b.prepared.outputs
     return AddRMSNormGrads(
-        b.call.result(out["dx"], b.xo.kind, b.xs),
-        b.call.result(out["dresidual"], b.ro.kind, b.xs),
-        None if b.wo is None else b.call.result(out["dweight"], b.wo.kind, b.nshape),
+        b.result("dx", b.ops.x.kind, b.x_shape),
+        b.result("dresidual", b.ops.others["residual"].kind, b.x_shape),
+        _param_grad(b, "dweight", b.ops.weight),
     )

@@ -1,9 +1,9 @@
 """numba_cuda kernels against the float64 oracle, in the CUDA simulator (or on a GPU).
 
-Reference: ``rmsref.rms_norm_forward`` / ``rms_norm_backward`` / ``add_rms_norm_*`` evaluated in
-float64 on exactly the (already rounded) inputs the kernel saw. Tolerance: the model of
-docs/tolerances.md (``rmsref.tolerance``) for float32 accumulation with a blocked reduction over
-T threads.
+Reference: the float64 oracle on exactly the (already rounded) inputs the kernel saw, compared
+through the library's one engine (``rmsref.comparison.Reference`` / ``compare``). Tolerance: the
+model of docs/tolerances.md (``rmsref.tolerance``) for float32 accumulation with a blocked
+reduction over T threads (sequential over rows for dweight and dbias).
 
 Grids are tiny (the simulator runs ~0.35 s per 128-thread block): threads per block are forced
 to 32 and 64 so that N ∈ {1, 7, 33, 64, 130} covers one partial block (N < T), exact multiples
@@ -13,6 +13,7 @@ own several rows.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 
@@ -22,9 +23,12 @@ import pytest
 import rmsref
 from rmsref import tolerance
 from rmsref._shapes import bfloat16, resolve_eps
+from rmsref.comparison import Reference, compare, compare_rounded
+from rmsref.rmsnorm import _residual_sum
 
 DT = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "bf16": bfloat16}
 F32 = np.dtype(np.float32)
+F64 = np.dtype(np.float64)
 
 # Options cycle against rows so that every (rows, options) pair appears (5 and 3 are coprime).
 OPTIONS = [
@@ -56,35 +60,40 @@ def _cases() -> list:
 
 
 def _model(out_dtype, n: int, rows: int = 1, threads: int = 32) -> tolerance.ErrorModel:
+    """float32 sums over T threads (a block's tree; T = 32 for a warp per row)."""
     return tolerance.ErrorModel(np.dtype(out_dtype), n, rows, acc_dtype=F32,
                                 reduction="blocked", block=threads)
+
+
+def _column_model(model: tolerance.ErrorModel) -> tolerance.ErrorModel:
+    """dweight and dbias: each column is summed over the rows in order (block by block)."""
+    return dataclasses.replace(model, reduction="sequential")
 
 
 def _f64(a):
     return None if a is None else np.asarray(a).astype(np.float64)
 
 
-def _assert_within(name: str, got, exact, bound) -> None:
-    """|got − exact| ≤ bound elementwise; on failure name the worst element and its ratio."""
-    got = np.asarray(got).astype(np.float64)
-    err = np.abs(got - exact)
-    ratio = err / np.maximum(bound, np.finfo(np.float64).tiny)
-    worst = np.unravel_index(np.argmax(ratio), ratio.shape) if ratio.size else ()
-    assert np.all(err <= bound), (
-        f"{name}: worst element {worst}: got {got[worst]!r}, exact {exact[worst]!r}, "
-        f"error {err[worst]:.3g} > bound {bound[worst]:.3g} (ratio {ratio[worst]:.3g})"
+def _assert_close(quantity: str, got, ref: Reference, model: tolerance.ErrorModel,
+                  label: str = "") -> None:
+    """``got`` within the bound of the oracle (``rmsref.comparison.compare``); on failure name
+    the worst element and its ratio."""
+    c = compare(quantity, got, ref, model)
+    if c.passed:
+        return
+    worst = c.worst
+    actual = np.asarray(got, np.float64).reshape(c.reference.shape)[worst]
+    raise AssertionError(
+        f"{label or quantity}: worst element {worst}: got {actual!r}, exact "
+        f"{c.reference[worst]!r}, bound {c.bound[worst]:.3g} (ratio {c.ratio:.3g})"
     )
 
 
-def _y_bound(y_ex, bias, model: tolerance.ErrorModel):
-    """Eq. (y) of docs/tolerances.md; with a bias, the accumulated part scales with |x̂·w| + |b|.
-
-    y = x̂·w + b can cancel, and the float32 errors of x̂·w do not shrink with |y|: the same
-    reasoning as M_i for dx. Without bias this is exactly ``tolerance.bound_y``.
-    """
-    mag = np.abs(y_ex) if bias is None else np.abs(y_ex - bias) + np.abs(bias)
-    acc = 0.5 * model.gamma(model.n) + 5.0 * model.u_acc
-    return model.k_out * model.u_out * np.abs(y_ex) + acc * mag + model.atol
+def _assert_rounded(name: str, got, exact, dtype, roundings: int) -> None:
+    """``got`` is ``exact`` after at most ``roundings`` roundings to ``dtype`` (no norm here:
+    the fused add's new_residual is h itself, rounded)."""
+    c = compare_rounded(name, got, exact, dtype, roundings)
+    assert c.passed, f"{name}: worst element {c.worst}, error/bound {c.ratio:.3g}"
 
 
 def _data(rng, dtype, m: int, n: int, opt: dict):
@@ -109,42 +118,25 @@ def test_forward_backward_vs_oracle(kcuda, rng, dname, threads, n, m, opt, dw_bl
     assert rstd.dtype == F32 and rstd.shape == (m, 1)
 
     # reference: the oracle in float64 on the kernel's own inputs, eps given explicitly
-    x64, w64, b64, dy64 = _f64(x), _f64(w), _f64(b), _f64(dy)
-    y_ex, rstd_ex = rmsref.rms_norm_forward(x64, n, w64, eps, bias=b64, offset=offset,
-                                            partial=partial)
-    k = n if partial is None else int(np.floor(n * partial))
-    model = _model(dtype, k, m, threads)
-    _assert_within("y", y, y_ex, _y_bound(y_ex, b64, model))
-    _assert_within("rstd", rstd, rstd_ex, (model.rho + 2.0**-24) * rstd_ex)
+    ref = Reference(x, (n,), w, eps, dy=dy, offset=offset, bias=b, partial=partial)
+    model = _model(dtype, n, m, threads)
+    _assert_close("y", y, ref, model)
+    _assert_close("rstd", rstd, ref, model)
 
     grads = kcuda.rms_norm_backward(dy, x, n, w, rstd=rstd if saved else None, bias=b,
                                     offset=offset, partial=partial, launch=launch)
-    ref = rmsref.rms_norm_backward(dy64, x64, n, w64, eps, rstd=rstd.astype(np.float64),
-                                   bias=b64, offset=offset, partial=partial)
-    # The reference uses the kernel's float32 rstd: the kernel's own statistic (docs/semantics.md).
-    rstd_used = rstd.astype(np.float64)
-    xhat = x64 * rstd_used
-    w_eff = (offset + w64) if w is not None else np.full(n, 1.0 + offset)
-    dx_bound = tolerance.bound("dx", out_dtype=dtype, n=n, dx=ref.dx, dy=dy64, xhat=xhat,
-                               rstd=rstd_used, weight=w_eff, acc_dtype=F32,
-                               reduction="blocked", block=threads)
-    dx_bound *= n / k  # c = Σ/K: with pRMSNorm the projection term is N/K times larger
     assert grads.dx.dtype == dtype and grads.dx.shape == x.shape
-    _assert_within("dx", grads.dx, ref.dx, dx_bound)
+    _assert_close("dx", grads.dx, ref, model)
     if w is None:
         assert grads.dweight is None
     else:
         assert grads.dweight.dtype == dtype and grads.dweight.shape == (n,)
-        bound = tolerance.bound("dweight", out_dtype=dtype, n=n, rows=m, dweight=ref.dweight,
-                                dy=dy64, xhat=xhat, acc_dtype=F32)
-        _assert_within("dweight", grads.dweight, ref.dweight, bound)
+        _assert_close("dweight", grads.dweight, ref, _column_model(model))
     if b is None:
         assert grads.dbias is None
     else:
         assert grads.dbias.dtype == dtype
-        bound = tolerance.bound("dweight", out_dtype=dtype, n=n, rows=m, dweight=ref.dbias,
-                                dy=dy64, xhat=np.ones_like(dy64), acc_dtype=F32)
-        _assert_within("dbias", grads.dbias, ref.dbias, bound)
+        _assert_close("dbias", grads.dbias, ref, _column_model(model))
 
 
 def _residual_cases() -> list:
@@ -179,42 +171,23 @@ def test_add_rms_norm_vs_oracle(kcuda, rng, dx_name, dr_name, rounding, n, threa
                                                   offset=offset, launch=launch)
     assert (y.dtype, new_res.dtype, rstd.dtype) == (xdt, rdt, F32)
 
-    # exact h: the float64 sum, or (rounded-sum) the oracle's own rounding of it to x's dtype
-    ref_y, ref_res, _ = rmsref.add_rms_norm_forward(x, res, n, w, eps, rounding=rounding,
-                                                    offset=offset)
-    h = _f64(x) + _f64(res)
-    if rounding == "rounded-sum":
-        h = rmsref.add_rms_norm_forward(x, res, n, None, eps, rounding=rounding)[1].astype(
-            np.float64)  # same dtypes here: new_residual is h rounded to x's dtype
-    w64 = _f64(w)
-    y_ex, rstd_ex = rmsref.rms_norm_forward(h, n, w64, eps, offset=offset)
+    # reference: the oracle on the exact h, which the fused add normalises
+    h = _residual_sum(x, res, rounding, F64)  # formed as the oracle forms it
+    ref = Reference(h, (n,), w, eps, dy=dy, offset=offset, dresidual_out=dro)
     model = _model(xdt, n, m, threads)
-    _assert_within("y", y, y_ex, _y_bound(y_ex, None, model))
-    _assert_within("rstd", rstd, rstd_ex, (model.rho + 2.0**-24) * rstd_ex)
+    _assert_close("y", y, ref, model)
+    _assert_close("rstd", rstd, ref, model)
     # new_residual: h rounded to the residual's dtype; fl32(x + r) first, so at most two
     # roundings (one when x and r share a dtype, or r is float32)
-    _assert_within("new_residual", new_res, h, 2.0 * _model(rdt, n).u_out * np.abs(h)
-                   + _model(rdt, n).atol)
-    assert ref_y.dtype == y.dtype and ref_res.dtype == new_res.dtype
+    _assert_rounded("new_residual", new_res, h, rdt, roundings=2)
 
     grads = kcuda.add_rms_norm_backward(dy, dro, x, res, n, w, rounding=rounding,
                                         rstd=rstd if with_dro else None, offset=offset,
                                         launch=launch)
-    rstd_used = rstd.astype(np.float64)
-    dy64 = _f64(dy)
-    g = rmsref.rms_norm_backward(dy64, h, n, w64, eps, rstd=rstd_used, offset=offset)
-    dh = g.dx + (0.0 if dro is None else _f64(dro))
-    xhat = h * rstd_used
     for name, got, dt in (("dx", grads.dx, xdt), ("dresidual", grads.dresidual, rdt)):
         assert got.dtype == dt and got.shape == x.shape
-        bound = tolerance.bound("dx", out_dtype=dt, n=n, dx=dh, dy=dy64, xhat=xhat,
-                                rstd=rstd_used, weight=offset + w64, acc_dtype=F32,
-                                reduction="blocked", block=threads)
-        bound += 2.0**-23 * (np.abs(g.dx) + np.abs(dh))  # + dresidual_out: one more fp32 add
-        _assert_within(name, got, dh, bound)
-    bound = tolerance.bound("dweight", out_dtype=xdt, n=n, rows=m, dweight=g.dweight, dy=dy64,
-                            xhat=xhat, acc_dtype=F32)
-    _assert_within("dweight", grads.dweight, g.dweight, bound)
+        _assert_close("dx", got, ref, _model(dt, n, m, threads), label=name)  # both are dh
+    _assert_close("dweight", grads.dweight, ref, _column_model(model))
 
 
 def test_dweight_bitwise_reproducible(kcuda, rng):
@@ -238,9 +211,8 @@ def test_multidim_normalized_shape(kcuda, rng):
     w = rng.standard_normal((5, 7)).astype(np.float32)
     y, rstd = kcuda.rms_norm_forward(x, (5, 7), w, launch=kcuda.Launch(threads=32))
     assert y.shape == x.shape and rstd.shape == (2, 3, 1, 1)
-    y_ex, _ = rmsref.rms_norm_forward(x.astype(np.float64), (5, 7), w.astype(np.float64),
-                                      resolve_eps(None, x.dtype))
-    _assert_within("y", y, y_ex, tolerance.bound_y(y_ex, _model(F32, 35, 6, 32)))
+    ref = Reference(x, (5, 7), w, resolve_eps(None, x.dtype))
+    _assert_close("y", y, ref, _model(F32, 35, 6, 32))
     g = kcuda.rms_norm_backward(x, x, (5, 7), w, launch=kcuda.Launch(threads=32))
     assert g.dx.shape == x.shape and g.dweight.shape == (5, 7)
 
@@ -307,14 +279,13 @@ def test_warp_variant_vs_oracle(kcuda, rng, dname, threads):
         w = rng.standard_normal(n).astype(dtype)
         res = rng.standard_normal((m, n)).astype(dtype)
         launch = kcuda.Launch(threads=threads, variant="warp")
+        eps = resolve_eps(None, dtype)
+        model = _model(dtype, n, m, 32)  # a warp per row: the butterfly over 32 lanes
         y, rstd = kcuda.rms_norm_forward(x, n, w, launch=launch)
-        y_ex, _ = rmsref.rms_norm_forward(_f64(x), n, _f64(w), resolve_eps(None, dtype))
-        model = tolerance.ErrorModel(dtype, n, m, acc_dtype=F32, reduction="blocked", block=32)
-        _assert_within(f"y N={n}", y, y_ex, tolerance.bound_y(y_ex, model))
+        _assert_close("y", y, Reference(x, (n,), w, eps), model, label=f"y N={n}")
         y2, r2, _ = kcuda.add_rms_norm_forward(x, res, n, w, launch=launch)
-        h = _f64(x) + _f64(res)
-        y_ex, _ = rmsref.rms_norm_forward(h, n, _f64(w), resolve_eps(None, dtype))
-        _assert_within(f"add y N={n}", y2, y_ex, tolerance.bound_y(y_ex, model))
+        ref = Reference(_residual_sum(x, res, "fp32-sum", F64), (n,), w, eps)
+        _assert_close("y", y2, ref, model, label=f"add y N={n}")
 
 
 @pytest.mark.parametrize("dname", list(DT))
@@ -328,18 +299,18 @@ def test_warp_variant_emulated(kcuda, rng, dname):
         x = rng.standard_normal((m, n)).astype(dtype)
         w = (1.0 + 0.5 * rng.standard_normal(n)).astype(dtype)
         launch = kcuda.Launch(threads=threads, variant="warp")
-        model = _model(dtype, n, m, 32)
+        eps = resolve_eps(None, dtype)
+        model = _model(dtype, n, m, 32)  # a warp per row: the butterfly over 32 lanes
         y, rstd = kcuda.rms_norm_forward(x, n, w, launch=launch)
-        y_ex, rstd_ex = rmsref.rms_norm_forward(_f64(x), n, _f64(w), resolve_eps(None, dtype))
-        _assert_within(f"y N={n}", y, y_ex, _y_bound(y_ex, None, model))
-        _assert_within(f"rstd N={n}", rstd, rstd_ex, (model.rho + 2.0**-24) * rstd_ex)
+        ref = Reference(x, (n,), w, eps)
+        _assert_close("y", y, ref, model, label=f"y N={n}")
+        _assert_close("rstd", rstd, ref, model, label=f"rstd N={n}")
         if n == 130:  # the fused residual add through the same kernel
             res = rng.standard_normal((m, n)).astype(dtype)
             y2, r2, _ = kcuda.add_rms_norm_forward(x, res, n, w, launch=launch)
-            h = _f64(x) + _f64(res)
-            y_ex, _ = rmsref.rms_norm_forward(h, n, _f64(w), resolve_eps(None, dtype))
-            _assert_within("add y", y2, y_ex, _y_bound(y_ex, None, model))
-            _assert_within("new_residual", r2, h, 2.0 * model.u_out * np.abs(h) + model.atol)
+            h = _residual_sum(x, res, "fp32-sum", F64)
+            _assert_close("y", y2, Reference(h, (n,), w, eps), model, label="add y")
+            _assert_rounded("new_residual", r2, h, dtype, roundings=2)
 
 
 def test_device_arrays_in_place(kcuda, rng):
@@ -409,6 +380,55 @@ def test_bad_inputs_name_what_they_got(kcuda, rng):
         kcuda.rms_norm_forward(cuda.to_device(x), 5, np.ones(5, np.float32))
     with pytest.raises(ValueError, match="rstd has shape"):
         kcuda.rms_norm_backward(x, x, 5, rstd=np.ones(3, np.float32))
+
+
+#: Bad calls, as (name, call): each is made once with NumPy arrays to the oracle and once with
+#: device arrays to numba_cuda; ``a(...)`` marks an array argument.
+_BAD_CALLS = [
+    ("normalized_shape", lambda f, a: f.rms_norm_forward(a(_X), 4)),
+    ("empty normalized_shape", lambda f, a: f.rms_norm_forward(a(_X), ())),
+    ("integer x", lambda f, a: f.rms_norm_forward(a(_X.astype(np.int32)), 5)),
+    ("weight shape", lambda f, a: f.rms_norm_forward(a(_X), 5, a(np.ones(4, np.float32)))),
+    ("bias dtype", lambda f, a: f.rms_norm_forward(a(_X), 5, bias=a(np.ones(5, np.int64)))),
+    ("eps", lambda f, a: f.rms_norm_forward(a(_X), 5, eps="abc")),
+    ("negative eps", lambda f, a: f.rms_norm_forward(a(_X), 5, eps=-1.0)),
+    ("partial", lambda f, a: f.rms_norm_forward(a(_X), 5, partial=0.1)),
+    ("offset", lambda f, a: f.rms_norm_forward(a(_X), 5, offset=None)),
+    ("dy shape", lambda f, a: f.rms_norm_backward(a(np.ones((2, 4), np.float32)), a(_X), 5)),
+    ("dy None", lambda f, a: f.rms_norm_backward(None, a(_X), 5)),
+    ("rstd shape", lambda f, a: f.rms_norm_backward(a(_X), a(_X), 5,
+                                                     rstd=a(np.ones(3, np.float32)))),
+    ("rstd dtype", lambda f, a: f.rms_norm_backward(a(_X), a(_X), 5,
+                                                     rstd=a(np.ones(2, np.int32)))),
+    ("residual shape", lambda f, a: f.add_rms_norm(a(_X), a(np.ones((3, 5), np.float32)), 5)),
+]
+_X = np.ones((2, 5), np.float32)
+
+
+@pytest.mark.parametrize("call", [c for _, c in _BAD_CALLS], ids=[n for n, _ in _BAD_CALLS])
+def test_device_arrays_meet_the_oracles_contract(kcuda, call):
+    """Device arrays are checked by the oracle's own input contract: the same error, word for
+    word, as the oracle gives for the same NumPy arguments."""
+    from numba import cuda
+
+    with pytest.raises((TypeError, ValueError)) as oracle:
+        call(rmsref, lambda a: a)
+    with pytest.raises(oracle.type) as device:
+        call(kcuda, cuda.to_device)
+    assert str(device.value) == str(oracle.value)
+
+
+def test_device_array_restrictions_name_what_they_got(kcuda):
+    """What the contract allows but these kernels cannot do on the device, refused by name."""
+    from numba import cuda
+
+    x = cuda.to_device(_X)
+    with pytest.raises(TypeError, match="input has dtype float64; the numba_cuda backend"):
+        kcuda.rms_norm_forward(cuda.to_device(_X.astype(np.float64)), 5)
+    with pytest.raises(TypeError, match="rstd .device array. has dtype float64"):
+        kcuda.rms_norm_backward(x, x, 5, rstd=cuda.to_device(np.ones((2, 1))))
+    with pytest.raises(TypeError, match="weight is a host array but x is a device array"):
+        kcuda.rms_norm_forward(x, 5, np.ones(5, np.float32))
 
 
 def test_empty_input(kcuda):

@@ -5,11 +5,17 @@ No GPU is needed, only libNVVM (numba-cuda's compiler), so this runs in the plai
 cannot: the real ``shfl_xor_sync`` butterfly of the warp forward, the libdevice bit casts of the
 half-precision conversions, the backward with every option, and the device data generator of
 the GPU script; the PTX is also checked for atomics (there must be none).
+
+Each kernel's line carries a fingerprint of its PTX (numba's per-process naming left out), so
+two checkouts can be compared kernel by kernel: a refactoring that must not change the generated
+code runs ``bench/gpu_check.py --compile-only`` on both and diffs the fingerprints.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -37,3 +43,25 @@ def test_compile_only_makes_ptx_for_gpu_only_kernels():
         pytest.skip(f"no CUDA compiler toolchain here: {proc.stdout.strip()}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "forward warp" in proc.stdout and "compiled 4/4 kernels" in proc.stdout
+    kernels = [line for line in proc.stdout.splitlines() if line.startswith("ok ")]
+    fingerprints = [re.search(r"fingerprint ([0-9a-f]{16})", line) for line in kernels]
+    assert len(kernels) == 4 and all(fingerprints), proc.stdout
+    # distinct kernels, distinct code (the warp variant's shuffle, the backward, the fill)
+    assert len({f.group(1) for f in fingerprints}) == 4
+
+
+def test_ptx_fingerprint_ignores_numbas_naming_only():
+    """The fingerprint leaves out the version tags numba puts in mangled names and the order of
+    its environment-pointer declarations, and nothing else."""
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "bench" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = gpu_check  # dataclasses look their module up there
+    spec.loader.exec_module(gpu_check)
+    env = ".common .global .align 8 .u64 _ZN08NumbaEnv6rmsref{}B2v{}B5cw51cE;"
+    body = "call _ZN6rmsref10_block_sumB2v{}B5cw51cEf;\nadd.f32 %f1, %f2, %f3;"
+    ptx = "\n".join([env.format("a", 4), env.format("b", 6), body.format(6)])
+    renamed = "\n".join([env.format("b", 9), env.format("a", 3), body.format(7)])
+    changed = ptx.replace("add.f32", "sub.f32")
+    fingerprint = gpu_check.ptx_fingerprint
+    assert fingerprint(ptx) == fingerprint(renamed)
+    assert fingerprint(ptx) != fingerprint(changed)
