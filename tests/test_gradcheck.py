@@ -515,3 +515,43 @@ def test_relative_figures_are_relative_at_small_scale():
     c = gradcheck(small_forward, off_by_1_percent, p.inputs, names=p.names).check("vjp", "x")
     assert c.passed is False
     assert 1e-4 < c.observed < 1e-1, c.observed
+
+
+def test_a_wrong_first_entry_is_localised():
+    """Entry 0 of the input is searched like any other (the bisection starts at index 0)."""
+    p = oracle_problem("rms_norm", (2, 64))
+
+    def first_entry_off(dy, x, w, b):
+        dx, dw, db = p.backward(dy, x, w, b)
+        dx = dx.copy()
+        dx[0, 0] += 1e-3 * np.max(np.abs(dx))
+        return dx, dw, db
+
+    r = gradcheck(p.forward, first_entry_off, p.inputs, names=p.names, second_order=False)
+    worst = r.check("vjp", "x").worst
+    assert worst and worst[0].input_index == (0, 0)
+    d = worst[0].to_dict()
+    assert set(d) == {"input_index", "output_index", "analytic", "numerical", "error",
+                      "tolerance", "ratio"}
+    assert d["input_index"] == [0, 0] and d["ratio"] == worst[0].ratio > 1
+
+
+def test_the_full_jacobian_counts_its_complex_forward_calls():
+    p = oracle_problem("rms_norm", (2, 8))
+    r = p.check(full=True, second_order=False)
+    plain = p.check(full=False, second_order=False)
+    # the Jacobian's columns are complex steps of the forward, counted as such
+    assert r.evaluations["forward_complex"] > plain.evaluations["forward_complex"]
+    assert r.evaluations["forward"] == plain.evaluations["forward"]
+
+
+def test_second_order_asked_for_on_a_real_only_backward_fails_with_an_infinite_ratio():
+    p = oracle_problem("rms_norm", (3, 8))
+
+    def real_only(dy, x, w, b):
+        if np.iscomplexobj(dy) or np.iscomplexobj(x):
+            raise TypeError("real inputs only")
+        return p.backward(dy, x, w, b)
+
+    c = gradcheck(p.forward, real_only, p.inputs, second_order=True).check("second_order")
+    assert c.passed is False and c.ratio == math.inf and "cannot be complex-stepped" in c.note
