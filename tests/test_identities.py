@@ -292,3 +292,16 @@ def test_markdown_lists_every_identity_with_its_derivation():
         assert f"(`{name}`)" in md
         assert identities.get(name).derivation.splitlines()[0] in md
     assert "*Measured:* residual 0" in md
+
+
+def test_the_worst_part_is_the_worst_element_even_next_to_exact_ones():
+    """Exact elements (error 0) have ratio 0: the element reported is the one that is off."""
+    part = identities._worst("y", err=np.array([0.0, 3e-17, 0.0, 1e-17]), scale=1.0,
+                             bound=np.array([1e-16, 1e-16, 1e-16, 2e-17]))
+    assert part.residual == 1e-17 and part.bound == 2e-17     # ratio 0.5, the largest
+    assert part.passed
+
+
+def test_a_result_says_how_long_it_took():
+    r = identities.run_one("rms2_var_mean2", quick=True)
+    assert r.passed and 0.0 <= r.seconds < 60.0
