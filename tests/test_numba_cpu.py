@@ -295,6 +295,12 @@ def test_batch_invariance_fused_and_layer_norm(rng):
         assert np.array_equal(ys, yl[rows]) and np.array_equal(means, mean[rows]), rows
         assert np.array_equal(rstds, rstd_l[rows]), rows
         assert np.array_equal(K.layer_norm_backward(dy[rows], x[rows], n, w, b).dx, gl.dx[rows])
+    # with the forward's saved rstd (float64 for float32 inputs, the value the backward
+    # recomputes) the pipelined kernel runs: the same sums in the same order, the same bits
+    gs = K.add_rms_norm_backward(dy, dy, x, r, n, w, rstd=rstd)
+    assert all(np.array_equal(a, c) for a, c in zip(gs, g, strict=True))
+    gs = K.add_rms_norm_backward(dy[7:200], None, x[7:200], r[7:200], n, w, rstd=rstd[7:200])
+    assert np.array_equal(gs.dx, K.add_rms_norm_backward(dy, None, x, r, n, w).dx[7:200])
     xp = np.concatenate([x, _data(rng, (333, n), np.float32)])
     dyp = np.concatenate([dy, np.zeros((333, n), np.float32)])
     rp = np.concatenate([r, _data(rng, (333, n), np.float32)])
@@ -302,6 +308,12 @@ def test_batch_invariance_fused_and_layer_norm(rng):
                           K.add_rms_norm_backward(dy, None, x, r, n, w).dweight)
     glp = K.layer_norm_backward(dyp, xp, n, w, b)
     assert np.array_equal(glp.dweight, gl.dweight) and np.array_equal(glp.dbias, gl.dbias)
+    # with the forward's saved statistics (float64 for float32 inputs, the values the backward
+    # recomputes) the pipelined kernel runs: the same sums in the same order, the same bits
+    gs = K.layer_norm_backward(dy, x, n, w, b, mean=mean, rstd=rstd_l)
+    assert all(np.array_equal(a, c) for a, c in zip(gs, gl, strict=True))
+    gs = K.layer_norm_backward(dy[7:200], x[7:200], n, w, mean=mean[7:200], rstd=rstd_l[7:200])
+    assert np.array_equal(gs.dx, K.layer_norm_backward(dy, x, n, w).dx[7:200])
 
 
 _SUBPROCESS = """

@@ -27,10 +27,17 @@ Fused residual add + RMSNorm and LayerNorm, written the same way
     ``_add_rms_fwd``  h = x + residual; Σh² in the 64 lanes, storing new_residual on the way;
                       blocks pipelined as RMSNorm's (y of row r while Σh² of row r + 1).
     ``_add_rms_bwd``  parts as RMSNorm's; Σ dxhat·h in the 64 lanes, then dx and dresidual.
+                      The common call (a saved rstd, a weight) runs
+                      ``_add_rms_bwd_pipelined`` (dh of row r while Σ dxhat·h of row r + 1).
     ``_ln_fwd``       Σx in the 64 lanes -> mu; (Σd, Σd²), d = x − mu, in one pass (the
                       corrected two-pass variance, which is also the oracle's "refine mu once");
                       blocks pipelined (y of row r while Σx of row r + 1).
-    ``_ln_bwd``       parts as RMSNorm's; (Σ dxhat, Σ dxhat·d) in the 64 lanes, then dx.
+    ``_ln_bwd``       parts as RMSNorm's; (Σ dxhat, Σ dxhat·d) in the 64 lanes, then dx. The
+                      common call (saved mean and rstd, a weight) runs ``_ln_bwd_pipelined``
+                      (dx of row r while the sums of row r + 1).
+A pipelined loop sums the next row in the same lanes and order as the row's own reduction, so a
+row has the same bits whichever loop summed it (the tests check this against the unpipelined
+kernels and across batch splits).
 
 The version numbers in the names are those of the kernel history: the variants that led to the
 RMSNorm kernels (forward v1-v4, backward v1-v5, each saying what changed) live in
@@ -647,6 +654,12 @@ def _add_rms_fwd(x3, r3, rounded, w, eps, y3, res3, rstd_out):
                 _add_write_scaled_row(x3, r3, rounded, b, i, w, y3, rstd_s, k)
 
 
+@njit(**_INL)
+def _dxhat_h(dy3, x3, r3, b, i, j, rounded, w, k):
+    """dxhat_j·h_j·2^-k of row (b, i), dxhat = dy·w' (k = 0 unless a scaled row)."""
+    return (to_f64(dy3[b, i, j]) * w[j]) * _scaled(_h(x3, r3, b, i, j, rounded), k)
+
+
 def _add_dot_py(dy3, x3, r3, b, i, rounded, w, k):
     """Σ_j dxhat_j·h_j·2^-k of row (b, i) in the 64 lanes of ``_dot_v3`` (same order)."""
     n = x3.shape[2]
@@ -654,11 +667,9 @@ def _add_dot_py(dy3, x3, r3, b, i, rounded, w, k):
     n64 = n - n % LANES
     for j0 in range(0, n64, LANES):
         for lane in range(LANES):
-            j = j0 + lane
-            acc[lane] += (to_f64(dy3[b, i, j]) * w[j]) * _scaled(_h(x3, r3, b, i, j, rounded), k)
+            acc[lane] += _dxhat_h(dy3, x3, r3, b, i, j0 + lane, rounded, w, k)
     for lane in range(n - n64):
-        j = n64 + lane
-        acc[lane] += (to_f64(dy3[b, i, j]) * w[j]) * _scaled(_h(x3, r3, b, i, j, rounded), k)
+        acc[lane] += _dxhat_h(dy3, x3, r3, b, i, n64 + lane, rounded, w, k)
     return _lane_tree(acc)
 
 
@@ -685,21 +696,29 @@ def _add_coef_from_hhat(dy3, x3, r3, b, i, rounded, w, rstd_s, k):
     return c / n
 
 
+@njit(**_INL)
+def _add_dh(dy3, dro3, has_dro, x3, r3, rounded, b, i, j, w, rstd_s, rstd, k, c, dx3, dr3,
+            want_dw, dw_parts, p):
+    """dh_j = dx_RMSNorm(h)_j (+ dresidual_out_j) of row (b, i), rounded into dx and
+    dresidual, and its dweight term. Eqs. (3), (5)-(8) on h; rstd = rstd_s·2^-k."""
+    g = to_f64(dy3[b, i, j])
+    hhat = _scaled(_h(x3, r3, b, i, j, rounded), k) * rstd_s  # (3)
+    dh = rstd * (g * w[j] - hhat * c)  # (7) direct term − projection
+    if has_dro:
+        dh += to_f64(dro3[b, i, j])  # h also feeds new_residual
+    dx3[b, i, j] = from_f64(dh, dx3)
+    dr3[b, i, j] = from_f64(dh, dr3)
+    if want_dw:
+        dw_parts[p, j] += g * hhat  # (8)
+
+
 def _add_bwd_row_py(dy3, dro3, has_dro, x3, r3, rounded, b, i, w, rstd_s, k, c, dx3, dr3,
                     want_dw, dw_parts, p):
-    """dh = dx_RMSNorm(h) (+ dresidual_out) of one row, rounded into dx and dresidual, and the
-    row's dweight terms. Eqs. (3), (5)-(8) on h."""
+    """dh of one row (``_add_dh`` for every j)."""
     rstd = math.ldexp(rstd_s, -k)
     for j in range(x3.shape[2]):
-        g = to_f64(dy3[b, i, j])
-        hhat = _scaled(_h(x3, r3, b, i, j, rounded), k) * rstd_s  # (3)
-        dh = rstd * (g * w[j] - hhat * c)  # (7) direct term − projection
-        if has_dro:
-            dh += to_f64(dro3[b, i, j])  # h also feeds new_residual
-        dx3[b, i, j] = from_f64(dh, dx3)
-        dr3[b, i, j] = from_f64(dh, dr3)
-        if want_dw:
-            dw_parts[p, j] += g * hhat  # (8)
+        _add_dh(dy3, dro3, has_dro, x3, r3, rounded, b, i, j, w, rstd_s, rstd, k, c, dx3, dr3,
+                want_dw, dw_parts, p)
 
 
 _add_bwd_row = njit(**_INL)(_add_bwd_row_py)
@@ -730,6 +749,64 @@ def _add_rms_bwd(dy3, dro3, has_dro, x3, r3, rounded, w, eps, has_rstd, rstd_in,
                 c = _add_coef(s, dy3, x3, r3, b, i, rounded, w, rstd_s, k)
                 _add_bwd_scaled_row(dy3, dro3, has_dro, x3, r3, rounded, b, i, w, rstd_s, k, c,
                                     dx3, dr3, want_dw, dw_parts, p)
+
+
+@njit(**_INL)
+def _add_dh_and_dot(dy3, dro3, has_dro, x3, r3, rounded, b, i, w, rstd_s, c, dx3, dr3, dw_parts,
+                    p, b1, i1):
+    """Row (b, i)'s dh (unscaled, a weight) while summing Σ dxhat·h of row (b1, i1) in the
+    lanes of ``_add_dot`` (same order, so the same bits): ``_bwd_row_and_dot`` on h."""
+    n = x3.shape[2]
+    acc = np.zeros(LANES)
+    n64 = n - n % LANES
+    for j0 in range(0, n64, LANES):
+        for lane in range(LANES):
+            j = j0 + lane
+            _add_dh(dy3, dro3, has_dro, x3, r3, rounded, b, i, j, w, rstd_s, rstd_s, 0, c, dx3,
+                    dr3, True, dw_parts, p)
+            acc[lane] += _dxhat_h(dy3, x3, r3, b1, i1, j, rounded, w, 0)  # the next row's
+    for lane in range(n - n64):
+        j = n64 + lane
+        _add_dh(dy3, dro3, has_dro, x3, r3, rounded, b, i, j, w, rstd_s, rstd_s, 0, c, dx3, dr3,
+                True, dw_parts, p)
+        acc[lane] += _dxhat_h(dy3, x3, r3, b1, i1, j, rounded, w, 0)
+    return _lane_tree(acc)
+
+
+@njit(**_PAR)
+def _add_rms_bwd_pipelined(dy3, dro3, has_dro, x3, r3, rounded, w, rstd_in, dx3, dr3,
+                           dw_parts):
+    """The common call (a saved rstd in range, a weight), as ``_rms_bwd_pipelined``: every row
+    of a part through one loop that writes row r's dh while summing row r + 1's Σ dxhat·h (the
+    part's last row sums itself again, unused)."""
+    nr = x3.shape[1]
+    m = x3.shape[0] * nr
+    for p in prange(dw_parts.shape[0]):
+        _zero_part(dw_parts, p)
+        r0 = p * ROWS_PER_PART
+        r1 = min(m, r0 + ROWS_PER_PART)
+        if r1 <= r0:  # an empty batch still has one (zeroed) part
+            continue
+        s = _add_dot(dy3, x3, r3, r0 // nr, r0 % nr, rounded, w, 0)  # the first row's
+        for r in range(r0, r1):
+            b, i = r // nr, r % nr
+            rn = min(r + 1, r1 - 1)  # the row summed while row r is written
+            rstd_s = rstd_in[r]
+            c = _add_coef(s, dy3, x3, r3, b, i, rounded, w, rstd_s, 0)  # (6)
+            s = _add_dh_and_dot(dy3, dro3, has_dro, x3, r3, rounded, b, i, w, rstd_s, c, dx3,
+                                dr3, dw_parts, p, rn // nr, rn % nr)
+
+
+def _add_rms_bwd_any(dy3, dro3, has_dro, x3, r3, rounded, w, eps, has_rstd, rstd_in, dx3, dr3,
+                     want_dw, dw_parts):
+    """The common call (a saved rstd in the range of unscaled sums, a weight) runs
+    ``_add_rms_bwd_pipelined``, every other call ``_add_rms_bwd`` (as ``_rms_bwd_v5``)."""
+    if has_rstd and want_dw and _saved_rstd_in_range(rstd_in):
+        _add_rms_bwd_pipelined(dy3, dro3, has_dro, x3, r3, rounded, w, rstd_in, dx3, dr3,
+                               dw_parts)
+    else:
+        _add_rms_bwd(dy3, dro3, has_dro, x3, r3, rounded, w, eps, has_rstd, rstd_in, dx3, dr3,
+                     want_dw, dw_parts)
 
 
 # ============================================================================================
@@ -816,24 +893,42 @@ def _ln_fwd(x3, w, bias, has_bias, eps, y3, mean_out, rstd_out):
 
 
 @njit(**_INL)
+def _dxhat_terms(dy3, x3, b, i, j, w, mu):
+    """(dxhat_j, dxhat_j·(x_j − mu)) of row (b, i), dxhat = dy·w: the terms of eqs. (8)-(9)."""
+    dxhat = to_f64(dy3[b, i, j]) * w[j]
+    return dxhat, dxhat * (to_f64(x3[b, i, j]) - mu)
+
+
+@njit(**_INL)
 def _ln_bwd_sums(dy3, x3, b, i, w, mu):
-    """(Σ dxhat_j, Σ dxhat_j·(x_j − mu)) of row (b, i), dxhat = dy·w, 64 lanes each."""
+    """(Σ dxhat_j, Σ dxhat_j·(x_j − mu)) of row (b, i), 64 lanes each."""
     n = x3.shape[2]
     acc_g = np.zeros(LANES)
     acc_gd = np.zeros(LANES)
     n64 = n - n % LANES
     for j0 in range(0, n64, LANES):
         for lane in range(LANES):
-            j = j0 + lane
-            dxhat = to_f64(dy3[b, i, j]) * w[j]
-            acc_g[lane] += dxhat
-            acc_gd[lane] += dxhat * (to_f64(x3[b, i, j]) - mu)
+            g, gd = _dxhat_terms(dy3, x3, b, i, j0 + lane, w, mu)
+            acc_g[lane] += g
+            acc_gd[lane] += gd
     for lane in range(n - n64):
-        j = n64 + lane
-        dxhat = to_f64(dy3[b, i, j]) * w[j]
-        acc_g[lane] += dxhat
-        acc_gd[lane] += dxhat * (to_f64(x3[b, i, j]) - mu)
+        g, gd = _dxhat_terms(dy3, x3, b, i, n64 + lane, w, mu)
+        acc_g[lane] += g
+        acc_gd[lane] += gd
     return _lane_tree(acc_g), _lane_tree(acc_gd)
+
+
+@njit(**_INL)
+def _ln_dx(dy3, x3, b, i, j, w, mu, rstd, c1, c2, dx3, want_dw, want_db, dw_parts, db_parts, p):
+    """dx_j of row (b, i) and its dweight/dbias terms in the part's partial rows. Eqs. (5),
+    (10)-(11)."""
+    g = to_f64(dy3[b, i, j])
+    xhat = (to_f64(x3[b, i, j]) - mu) * rstd  # (5)
+    dx3[b, i, j] = from_f64(rstd * (g * w[j] - c1 - xhat * c2), dx3)  # (10)
+    if want_dw:
+        dw_parts[p, j] += g * xhat  # (11)
+    if want_db:
+        db_parts[p, j] += g
 
 
 @njit(**_PAR)
@@ -855,13 +950,70 @@ def _ln_bwd(dy3, x3, w, eps, has_stats, mean_in, rstd_in, dx3, want_dw, want_db,
             c1 = s1 / n  # (8) the path through mu
             c2 = s2 * rstd / n  # (9) the path through rstd
             for j in range(n):
-                g = to_f64(dy3[b, i, j])
-                xhat = (to_f64(x3[b, i, j]) - mu) * rstd  # (5)
-                dx3[b, i, j] = from_f64(rstd * (g * w[j] - c1 - xhat * c2), dx3)  # (10)
-                if want_dw:
-                    dw_parts[p, j] += g * xhat  # (11)
-                if want_db:
-                    db_parts[p, j] += g
+                _ln_dx(dy3, x3, b, i, j, w, mu, rstd, c1, c2, dx3, want_dw, want_db, dw_parts,
+                       db_parts, p)
+
+
+@njit(**_INL)
+def _ln_dx_and_sums(dy3, x3, b, i, w, mu, rstd, c1, c2, dx3, want_db, dw_parts, db_parts, p,
+                    b1, i1, mu1):
+    """Row (b, i)'s dx, dweight (and dbias) terms while summing (Σ dxhat, Σ dxhat·(x − mu1))
+    of row (b1, i1) in the lanes of ``_ln_bwd_sums`` (same order, so the same bits)."""
+    n = x3.shape[2]
+    acc_g = np.zeros(LANES)
+    acc_gd = np.zeros(LANES)
+    n64 = n - n % LANES
+    for j0 in range(0, n64, LANES):
+        for lane in range(LANES):
+            j = j0 + lane
+            _ln_dx(dy3, x3, b, i, j, w, mu, rstd, c1, c2, dx3, True, want_db, dw_parts,
+                   db_parts, p)
+            g, gd = _dxhat_terms(dy3, x3, b1, i1, j, w, mu1)  # (8)-(9) of the next row
+            acc_g[lane] += g
+            acc_gd[lane] += gd
+    for lane in range(n - n64):
+        j = n64 + lane
+        _ln_dx(dy3, x3, b, i, j, w, mu, rstd, c1, c2, dx3, True, want_db, dw_parts, db_parts, p)
+        g, gd = _dxhat_terms(dy3, x3, b1, i1, j, w, mu1)
+        acc_g[lane] += g
+        acc_gd[lane] += gd
+    return _lane_tree(acc_g), _lane_tree(acc_gd)
+
+
+@njit(**_PAR)
+def _ln_bwd_pipelined(dy3, x3, w, mean_in, rstd_in, dx3, want_db, dw_parts, db_parts):
+    """The common call (saved mean and rstd, a weight), as ``_rms_bwd_pipelined``: every row of
+    a part through one loop that writes row r's dx and parameter terms while summing row
+    r + 1's sums (the part's last row sums itself again, unused)."""
+    nr = x3.shape[1]
+    m = x3.shape[0] * nr
+    n = x3.shape[2]
+    for p in prange(dw_parts.shape[0]):
+        _zero_part(dw_parts, p)
+        _zero_part(db_parts, p)
+        r0 = p * ROWS_PER_PART
+        r1 = min(m, r0 + ROWS_PER_PART)
+        if r1 <= r0:  # an empty batch still has one (zeroed) part
+            continue
+        s1, s2 = _ln_bwd_sums(dy3, x3, r0 // nr, r0 % nr, w, mean_in[r0])  # the first row's
+        for r in range(r0, r1):
+            rn = min(r + 1, r1 - 1)  # the row summed while row r is written
+            mu, rstd = mean_in[r], rstd_in[r]
+            c1 = s1 / n  # (8)
+            c2 = s2 * rstd / n  # (9)
+            s1, s2 = _ln_dx_and_sums(dy3, x3, r // nr, r % nr, w, mu, rstd, c1, c2, dx3, want_db,
+                                     dw_parts, db_parts, p, rn // nr, rn % nr, mean_in[rn])
+
+
+def _ln_bwd_any(dy3, x3, w, eps, has_stats, mean_in, rstd_in, dx3, want_dw, want_db, dw_parts,
+                db_parts):
+    """The common call (saved statistics, a weight) runs ``_ln_bwd_pipelined``, every other
+    call ``_ln_bwd`` (a Python-level choice, as ``_rms_bwd_v5``: each kernel compiles alone)."""
+    if has_stats and want_dw:
+        _ln_bwd_pipelined(dy3, x3, w, mean_in, rstd_in, dx3, want_db, dw_parts, db_parts)
+    else:
+        _ln_bwd(dy3, x3, w, eps, has_stats, mean_in, rstd_in, dx3, want_dw, want_db, dw_parts,
+                db_parts)
 
 
 # ============================================================================================
@@ -1269,7 +1421,7 @@ def add_rms_norm_backward(
     want_dw = w_arr is not None
     dw_parts = np.empty((nparts, n) if want_dw else (nparts, 0))
     has_rstd = saved is not None
-    _launch(_add_rms_bwd, dy3, dro3, has_dro, x3, r3, rounded, w, eps, has_rstd,
+    _launch(_add_rms_bwd_any, dy3, dro3, has_dro, x3, r3, rounded, w, eps, has_rstd,
             saved if has_rstd else w, dx3, dr3, want_dw, dw_parts)
     return AddRMSNormGrads(dx, dres, _param_grad(dw_parts, w_arr, shape))
 
@@ -1389,7 +1541,7 @@ def layer_norm_backward(
     dw_parts = np.empty((nparts, n) if want_dw else (nparts, 0))
     db_parts = np.empty((nparts, n) if want_db else (nparts, 0))
     has_stats = saved_rstd is not None
-    _launch(_ln_bwd, dy3, x3, w, eps, has_stats, saved_mean if has_stats else w,
+    _launch(_ln_bwd_any, dy3, x3, w, eps, has_stats, saved_mean if has_stats else w,
             saved_rstd if has_stats else w, dx3, want_dw, want_db, dw_parts, db_parts)
     _written(dx3, dx)
     return LayerNormGrads(
