@@ -853,28 +853,28 @@ def _ln_stats(s, x3, b, i, eps):
 
 
 @njit(**_INL)
-def _ln_write_and_sum(x3, b, i, w, bias, has_bias, y3, mu, rstd, b1, i1):
-    """Row (b, i)'s y = (x − mu)·rstd·w (+ b) while summing Σx of row (b1, i1) in the lanes of
-    ``_sum_lanes`` (same order, so the same bits). Eqs. (5)-(6)."""
+def _ln_write_and_sum(x3, b, i, w, bias, y3, mu, rstd, b1, i1):
+    """Row (b, i)'s y = (x − mu)·rstd·w + b while summing Σx of row (b1, i1) in the lanes of
+    ``_sum_lanes`` (same order, so the same bits). Eqs. (5)-(6). Without a bias, b is a row of
+    -0.0, the exact additive identity (v + (-0.0) is v, bit for bit, also for v = ±0): no
+    per-element branch, which kept this loop from vectorising."""
     n = x3.shape[2]
     acc = np.zeros(LANES)
     n64 = n - n % LANES
     for j0 in range(0, n64, LANES):
         for lane in range(LANES):
             j = j0 + lane
-            v = (to_f64(x3[b, i, j]) - mu) * rstd * w[j]
-            y3[b, i, j] = from_f64(v + bias[j] if has_bias else v, y3)
+            y3[b, i, j] = from_f64((to_f64(x3[b, i, j]) - mu) * rstd * w[j] + bias[j], y3)
             acc[lane] += to_f64(x3[b1, i1, j])  # (1) of the next row
     for lane in range(n - n64):
         j = n64 + lane
-        v = (to_f64(x3[b, i, j]) - mu) * rstd * w[j]
-        y3[b, i, j] = from_f64(v + bias[j] if has_bias else v, y3)
+        y3[b, i, j] = from_f64((to_f64(x3[b, i, j]) - mu) * rstd * w[j] + bias[j], y3)
         acc[lane] += to_f64(x3[b1, i1, j])
     return _lane_tree(acc)
 
 
 @njit(**_PAR)
-def _ln_fwd(x3, w, bias, has_bias, eps, y3, mean_out, rstd_out):
+def _ln_fwd(x3, w, bias, eps, y3, mean_out, rstd_out):
     """Blocks of ``ROWS_PER_BLOCK`` rows, every row through the pipelined loop (a block's last
     row sums itself again, unused), as the fused residual forward."""
     nr = x3.shape[1]
@@ -889,7 +889,7 @@ def _ln_fwd(x3, w, bias, has_bias, eps, y3, mean_out, rstd_out):
             mean_out[r] = mu
             rstd_out[r] = rstd
             rn = min(r + 1, r1 - 1)  # the row summed while row r is written
-            s = _ln_write_and_sum(x3, b, i, w, bias, has_bias, y3, mu, rstd, rn // nr, rn % nr)
+            s = _ln_write_and_sum(x3, b, i, w, bias, y3, mu, rstd, rn // nr, rn % nr)
 
 
 @njit(**_INL)
@@ -1466,8 +1466,9 @@ def layer_norm_forward(
     m = x3.shape[0] * x3.shape[1]
     mean = np.empty(m, _stat_dtype(x.dtype))
     rstd = np.empty(m, _stat_dtype(x.dtype))
-    has_bias = b is not None
-    _launch(_ln_fwd, x3, w, b if has_bias else w, has_bias, eps, y3, mean, rstd)
+    if b is None:
+        b = np.full(n, -0.0)  # the exact additive identity (see _ln_write_and_sum)
+    _launch(_ln_fwd, x3, w, b, eps, y3, mean, rstd)
     _written(y3, y)
     stat = stat_shape(x, shape)
     return y, mean.reshape(stat), rstd.reshape(stat)
