@@ -29,15 +29,18 @@ def test_quick_run_writes_a_table(tmp_path):
                      "--plot", str(tmp_path / "cpu.png")])
     assert rc == 0
     text = out.read_text()
-    from rmsref.kernels import numba_cpu as nb
+    from bench.variants.numba_cpu_history import VARIANTS  # bench/cpu.py put the root on the path
 
-    vf, vb = max(nb.VARIANTS["rms_norm_forward"]), max(nb.VARIANTS["rms_norm_backward"])
+    vf, vb = max(VARIANTS["rms_norm_forward"]), max(VARIANTS["rms_norm_backward"])
     assert f"numba rms_norm fwd v{vf} (default)" in text
     assert f"numba rms_norm bwd v{vb} (default)" in text
     assert bench.OUT_FWD in text and bench.OUT_BWD in text
     assert "float32:64x96 fwd: out= " in text and "float32:64x96 bwd: out= " in text
     assert "parallel copy (prange)" in text
-    assert "RMSNorm v2/LayerNorm time ratio (fwd)" in text
+    for name in (bench.LN_FWD, bench.LN_BWD, bench.ADD_FWD, bench.ADD_BWD):
+        assert f"| float32:64x96 | {name} | " in text, name
+    assert "RMSNorm/LayerNorm time ratio (fwd)" in text
+    assert "- float32:64x96 RMSNorm/LayerNorm time ratio, default kernels of each: fwd " in text
     assert "REFUSED" not in text, text
 
 
@@ -59,6 +62,23 @@ def _fake_defaults(bench):
     b = bench.Candidate("numba rms_norm bwd v2 (default)", "bwd", lambda: None, 8)
     f.times, b.times = [1.0, 1.0], [1.0, 1.0]
     return [f, b]
+
+
+def test_layer_norm_ratio_uses_the_default_kernels():
+    """The RMSNorm/LayerNorm ratio divides the default RMSNorm kernels' times by LayerNorm's."""
+    bench = _load_bench()
+    copy, copy_new = (bench.Candidate(n, "copy", lambda: None, 8) for n in ("c", "c new"))
+    old = bench.Candidate("numba rms_norm fwd v2", "fwd", lambda: None, 8)
+    ln_f = bench.Candidate(bench.LN_FWD, "fwd", lambda: None, 8)
+    ln_b = bench.Candidate(bench.LN_BWD, "bwd", lambda: None, 8)
+    for c, t in ((copy, 1.0), (copy_new, 1.0), (old, 9.0), (ln_f, 4.0), (ln_b, 8.0)):
+        c.times = [t, t]
+    rows = bench.summarise("t", [copy, copy_new, old, *_fake_defaults(bench), ln_f, ln_b])
+    ratios = {r["name"]: r["value"] for r in rows if r["kind"] == "ratio"}
+    assert ratios == {"RMSNorm/LayerNorm time ratio (fwd)": 0.25,
+                      "RMSNorm/LayerNorm time ratio (bwd)": 0.125}
+    assert "- t RMSNorm/LayerNorm time ratio, default kernels of each: fwd 0.25, bwd 0.12" in (
+        bench.targets(rows))
 
 
 def test_peer_ratios_in_the_targets_section():

@@ -8,46 +8,41 @@ rules for eps, offset, partial, saved statistics, masked arrays, ``numpy.matrix`
 in the same order, so both raise the same error for the same call), plus one rule of this
 backend: real dtypes only (complex inputs are a ``TypeError``; use the oracle).
 
-Variants (llm.c style: each line says what changed from the previous one)
--------------------------------------------------------------------------
+Kernels
+-------
 RMSNorm forward
-    v1  prange over rows; a serial row loop ``ss += x_j*x_j`` in float64, then a second pass
-        writes y = x·rstd·(offset + w) (+ b). Latency-bound: one dependent float64 add per
-        element, which LLVM may not split or vectorise because fastmath is off (that would
-        reassociate the sum).
-    v2  as v1, but the sum of squares runs in 8 independent partial accumulators (lane j mod 8),
-        combined in a fixed tree ((a0+a1)+(a2+a3))+((a4+a5)+(a6+a7)) and then the tail: the
-        order is fixed by the code, so the bits are too, and the 8 dependency chains overlap in
-        the pipeline. (Numba keeps LLVM's SLP vectoriser off, so the lanes stay scalar; turning
-        it on gave no measurable gain.)
-    v3  as v2, but 64 lanes held in a small float64 array, ``acc[j mod 64] += x_j²`` (the
-        tail goes into lanes 0, 1, ... last), combined by a fixed halving tree
-        acc[l] += acc[l + h], h = 32, 16, ..., 1. The loop over the 64 lanes is element-wise,
-        so LLVM's loop vectoriser emits packed float64 code (vcvtps2pd, vmulpd, vaddpd on ymm)
-        with fastmath off; the order is fixed by the code, so are the bits.
-    v4  as v3, but prange runs over blocks of ``ROWS_PER_BLOCK`` = 16 rows and each block is
-        pipelined: one loop writes row r's y while summing row r + 1's squares (same lanes,
-        same order: the bits of v3), so a core streams reads and writes at once. (default)
-RMSNorm backward (dx, dweight, dbias; rows grouped into parts of ``ROWS_PER_PART``)
-    v1  prange over parts of 64 rows; per row a serial ``s += dxhat_j*x_j`` pass, then a pass
-        writing dx and adding dy·xhat (and dy) into the part's float64 partial row; the partial
-        rows are then summed over parts in order 0, 1, 2, ...
-    v2  as v1, but the row reductions (sum of squares when rstd is recomputed, Σ dxhat·x) use
-        the 8-lane accumulators of forward v2.
-    v3  as v2, but with the 64 vectorised lanes of forward v3.
-    v4  as v3, but pipelined like forward v4: one loop writes row r's dx and dweight terms
-        while summing Σ dxhat·x of row r + 1 (same lanes, same order: the bits of v3) within a
-        part. Covers the common call (saved rstd, no ``partial``, a weight, no bias); other
-        calls run v3's loops.
-    v5  as v4, but the common call gets a kernel of its own (``_rms_bwd_pipelined``: no
-        branches for the other calls, every row of a part through the pipelined loop) and the
-        rest run v3, which is what v4 runs for them (it pipelines the common call only) and
-        compiles in about half v4's time. Same operations, so v4's bits; LLVM schedules the
-        smaller loop with fewer spills (timings in bench/results/cpu-summary.md). (default)
-Fused residual add (add_rms_norm forward/backward) and LayerNorm forward/backward are written
-like v2 only (so bench/cpu.py's RMSNorm/LayerNorm ratio compares LayerNorm with RMSNorm v2).
-LayerNorm forward: Σx (8 lanes) -> mu; then (Σd, Σd²) with d = x − mu in one pass (the
-corrected two-pass variance, which is also the oracle's "refine mu once") -> write.
+    ``_rms_fwd_v4``  prange over blocks of ``ROWS_PER_BLOCK`` rows. A row's Σx² is summed in
+                     ``LANES`` = 64 float64 lanes (element j into lane j mod 64, in increasing j),
+                     which LLVM vectorises with fastmath off, and the lanes are combined by a
+                     fixed halving tree (``_lane_tree``). Each block is pipelined: one loop writes
+                     row r's y while summing row r + 1's squares (the same lanes in the same
+                     order, so the same bits as summing that row alone).
+RMSNorm backward
+    ``_rms_bwd_v5``  rows in fixed parts of ``ROWS_PER_PART``, Σ dxhat·x in the same 64 lanes.
+                     The common call (a saved rstd, no ``partial``, a weight, no bias) runs a
+                     kernel of its own that writes row r's dx and dweight terms while summing row
+                     r + 1's Σ dxhat·x; every other call runs ``_rms_bwd_v3`` (the same lanes, a
+                     row at a time).
+Fused residual add + RMSNorm and LayerNorm, written the same way
+    ``_add_rms_fwd``  h = x + residual; Σh² in the 64 lanes, storing new_residual on the way;
+                      blocks pipelined as RMSNorm's (y of row r while Σh² of row r + 1).
+    ``_add_rms_bwd``  parts as RMSNorm's; Σ dxhat·h in the 64 lanes, then dx and dresidual.
+                      The common call (a saved rstd, a weight) runs
+                      ``_add_rms_bwd_pipelined`` (dh of row r while Σ dxhat·h of row r + 1).
+    ``_ln_fwd``       Σx in the 64 lanes -> mu; (Σd, Σd²), d = x − mu, in one pass (the
+                      corrected two-pass variance, which is also the oracle's "refine mu once");
+                      blocks pipelined (y of row r while Σx of row r + 1).
+    ``_ln_bwd``       parts as RMSNorm's; (Σ dxhat, Σ dxhat·d) in the 64 lanes, then dx. The
+                      common call (saved mean and rstd, a weight) runs ``_ln_bwd_pipelined``
+                      (dx of row r while the sums of row r + 1).
+A pipelined loop sums the next row in the same lanes and order as the row's own reduction, so a
+row has the same bits whichever loop summed it (the tests check this against the unpipelined
+kernels and across batch splits).
+
+The version numbers in the names are those of the kernel history: the variants that led to the
+RMSNorm kernels (forward v1-v4, backward v1-v5, each saying what changed) live in
+``bench/variants/numba_cpu_history.py``, which ``bench/cpu.py`` times and ``tests/test_variants.py``
+checks against the oracle.
 
 Numerical contract
 ------------------
@@ -69,10 +64,9 @@ Numerical contract
   give the oracle's finite results; the common row pays one comparison. A backward given a saved
   rstd uses it unscaled (as the oracle does). LayerNorm kernels are not overflow-safe for float64
   rows beyond ~1e150 (a comparison kernel, documented and tested as such).
-- Determinism and batch invariance: prange runs over rows (forward v1-v3), blocks of
-  ``ROWS_PER_BLOCK`` rows (forward v4: a row gets the same operations wherever it falls in a
-  block) or fixed parts of ``ROWS_PER_PART`` rows (backward); every reduction inside a row is
-  serial in a fixed order and
+- Determinism and batch invariance: prange runs over blocks of ``ROWS_PER_BLOCK`` rows
+  (forwards: a row gets the same operations wherever it falls in a block) or fixed parts of
+  ``ROWS_PER_PART`` rows (backwards); every reduction inside a row is serial in a fixed order and
   ``fastmath`` is off, so no step depends on the thread count, on the other rows of the batch,
   or on the memory layout (contiguous and strided inputs run the same operations). dweight/dbias:
   float64 partial rows per part, summed over parts in index order; the parts are fixed by the
@@ -88,18 +82,17 @@ Numerical contract
 - Threads: kernels are ``nogil``; two Python threads may call them at once. Numba's "workqueue"
   threading layer cannot run two parallel regions at once, so when it is the active layer the
   launches are serialised with a lock (the default here is OpenMP/TBB, which need none).
-- Speed: ``bench/cpu.py`` times every variant against a parallel copy of the same bytes; the
-  committed tables and their summary are in ``bench/results/`` (``cpu.md``, ``cpu-summary.md``).
+- Speed: ``bench/cpu.py`` times the default kernels (and the history's variants) against a
+  parallel copy of the same bytes; the committed tables are in ``bench/results/cpu.md`` (and
+  ``cpu-summary.md``).
 - Compilation: lazy (first call per dtype and layout), ``cache=True`` (on-disk cache next to this
-  file). ``bench/compile.py`` measures each default kernel's cold first call in a fresh process
-  with an empty cache (``bench/results/compile.md``): 2.5-5.8 s per kernel and dtype on 2 busy
-  cores (forward ~4 s; backward with a saved rstd ~3 s, without one ~4-6 s), about half of it in
-  LLVM (the 64-lane loops are unrolled and vectorised) and half in Numba's own passes, both
-  growing with the inlined kernel body, which is why rare paths (bias and scaled rows of the
-  forward write, the backward calls v5 does not pipeline) live outside the pipelined kernels;
-  0.3-0.5 s from the cache (most of it loading Numba's runtime, once per process). After
-  editing ``_halfbits.py`` clear ``__pycache__/*.nb[ic]`` (Numba checks only the timestamp of
-  the file holding the cached function).
+  file). Compile time grows with the inlined kernel body (the 64-lane loops are unrolled and
+  vectorised by LLVM), which is why rare paths (bias and scaled rows of the forward write, the
+  backward calls that are not pipelined, the overflow-safe rows) live in kernels or serial
+  helpers of their own, outside the pipelined loops. ``bench/compile.py`` measures each default
+  kernel's cold first call (``bench/results/compile.md``). After editing ``_halfbits.py`` clear
+  ``__pycache__/*.nb[ic]`` (Numba checks only the timestamp of the file holding the cached
+  function).
 """
 
 from __future__ import annotations
@@ -133,7 +126,6 @@ from rmsref.rmsnorm import AddRMSNormGrads, RMSNormGrads
 
 __all__ = [
     "ROWS_PER_PART",
-    "VARIANTS",
     "add_rms_norm",
     "add_rms_norm_backward",
     "add_rms_norm_forward",
@@ -143,7 +135,6 @@ __all__ = [
     "rms_norm",
     "rms_norm_backward",
     "rms_norm_forward",
-    "variant",
 ]
 
 #: Rows per part of the dweight/dbias reduction. Fixed, so the partition (and the bits) do not
@@ -177,43 +168,6 @@ _FLOAT_DTYPES = (np.dtype(np.float16), bfloat16, np.dtype(np.float32), np.dtype(
 # are made (their atomic reference counts, shared by all threads, cost microseconds per row).
 # w, bias: float64 (N,) rows (offset already added to w).
 # ============================================================================================
-@njit(**_INL)
-def _sumsq_v1(x3, b, i, k):
-    """Σ_{j<k} x_j² with one accumulator (v1)."""
-    ss = 0.0
-    for j in range(k):
-        v = to_f64(x3[b, i, j])
-        ss += v * v
-    return ss
-
-
-@njit(**_INL)
-def _sumsq_v2(x3, b, i, k):
-    """Σ_{j<k} x_j² in 8 independent lanes, combined in a fixed tree, then the tail (v2)."""
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
-    k8 = k - k % 8
-    for j in range(0, k8, 8):
-        v0 = to_f64(x3[b, i, j])
-        v1 = to_f64(x3[b, i, j + 1])
-        v2 = to_f64(x3[b, i, j + 2])
-        v3 = to_f64(x3[b, i, j + 3])
-        v4 = to_f64(x3[b, i, j + 4])
-        v5 = to_f64(x3[b, i, j + 5])
-        v6 = to_f64(x3[b, i, j + 6])
-        v7 = to_f64(x3[b, i, j + 7])
-        a0 += v0 * v0
-        a1 += v1 * v1
-        a2 += v2 * v2
-        a3 += v3 * v3
-        a4 += v4 * v4
-        a5 += v5 * v5
-        a6 += v6 * v6
-        a7 += v7 * v7
-    ss = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
-    for j in range(k8, k):
-        v = to_f64(x3[b, i, j])
-        ss += v * v
-    return ss
 
 
 @njit(**_INL)
@@ -228,28 +182,6 @@ def _dot_v1(g3, x3, b, i, w, n, k):
     s = 0.0
     for j in range(n):
         s += (to_f64(g3[b, i, j]) * w[j]) * _scaled(to_f64(x3[b, i, j]), k)
-    return s
-
-
-@njit(**_INL)
-def _dot_v2(g3, x3, b, i, w, n, k):
-    """Σ_j dxhat_j·x_j in 8 lanes, as ``_sumsq_v2`` (v2)."""
-    if k != 0:  # a scaled float64 row: rare, keep it simple
-        return _dot_v1(g3, x3, b, i, w, n, k)
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
-    n8 = n - n % 8
-    for j in range(0, n8, 8):
-        a0 += (to_f64(g3[b, i, j]) * w[j]) * to_f64(x3[b, i, j])
-        a1 += (to_f64(g3[b, i, j + 1]) * w[j + 1]) * to_f64(x3[b, i, j + 1])
-        a2 += (to_f64(g3[b, i, j + 2]) * w[j + 2]) * to_f64(x3[b, i, j + 2])
-        a3 += (to_f64(g3[b, i, j + 3]) * w[j + 3]) * to_f64(x3[b, i, j + 3])
-        a4 += (to_f64(g3[b, i, j + 4]) * w[j + 4]) * to_f64(x3[b, i, j + 4])
-        a5 += (to_f64(g3[b, i, j + 5]) * w[j + 5]) * to_f64(x3[b, i, j + 5])
-        a6 += (to_f64(g3[b, i, j + 6]) * w[j + 6]) * to_f64(x3[b, i, j + 6])
-        a7 += (to_f64(g3[b, i, j + 7]) * w[j + 7]) * to_f64(x3[b, i, j + 7])
-    s = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
-    for j in range(n8, n):
-        s += (to_f64(g3[b, i, j]) * w[j]) * to_f64(x3[b, i, j])
     return s
 
 
@@ -398,37 +330,6 @@ def _rms_write_general(x3, b, i, w, bias, has_bias, y3, rstd_s, k):
 # ============================================================================================
 # RMSNorm forward kernels. x3, y3: (B, R, N); rstd_out: (M,) float32/float64.
 # ============================================================================================
-@njit(**_PAR)
-def _rms_fwd_v1(x3, w, bias, has_bias, kf, eps, y3, rstd_out):
-    nr = x3.shape[1]
-    for r in prange(x3.shape[0] * nr):
-        b, i = r // nr, r % nr
-        ss = _sumsq_v1(x3, b, i, kf)  # (1) Σx², one accumulator
-        rstd_s, k = _rstd_from_sumsq(ss, x3, b, i, kf, eps)  # (2)
-        rstd_out[r] = math.ldexp(rstd_s, -k)
-        _rms_write(x3, b, i, w, bias, has_bias, y3, rstd_s, k)  # (3)-(4)
-
-
-@njit(**_PAR)
-def _rms_fwd_v2(x3, w, bias, has_bias, kf, eps, y3, rstd_out):
-    nr = x3.shape[1]
-    for r in prange(x3.shape[0] * nr):
-        b, i = r // nr, r % nr
-        ss = _sumsq_v2(x3, b, i, kf)  # (1) Σx², 8 lanes
-        rstd_s, k = _rstd_from_sumsq(ss, x3, b, i, kf, eps)  # (2)
-        rstd_out[r] = math.ldexp(rstd_s, -k)
-        _rms_write(x3, b, i, w, bias, has_bias, y3, rstd_s, k)  # (3)-(4)
-
-
-@njit(**_PAR)
-def _rms_fwd_v3(x3, w, bias, has_bias, kf, eps, y3, rstd_out):
-    nr = x3.shape[1]
-    for r in prange(x3.shape[0] * nr):
-        b, i = r // nr, r % nr
-        ss = _sumsq_v3(x3, b, i, kf)  # (1) Σx², 64 lanes
-        rstd_s, k = _rstd_from_sumsq(ss, x3, b, i, kf, eps)  # (2)
-        rstd_out[r] = math.ldexp(rstd_s, -k)
-        _rms_write(x3, b, i, w, bias, has_bias, y3, rstd_s, k)  # (3)-(4)
 
 
 #: Rows per prange task of forward v4 (a block is walked serially, pipelined row by row).
@@ -543,44 +444,6 @@ def _rms_bwd_row(g3, x3, b, i, w, kf, rstd_s, k, s, dx3, want_dw, want_db, dw_pa
 
 
 @njit(**_PAR)
-def _rms_bwd_v1(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, dw_parts,
-                db_parts):
-    nr = x3.shape[1]
-    m = x3.shape[0] * nr
-    for p in prange(dw_parts.shape[0]):
-        _zero_part(dw_parts, p)
-        _zero_part(db_parts, p)
-        for r in range(p * ROWS_PER_PART, min(m, (p + 1) * ROWS_PER_PART)):
-            b, i = r // nr, r % nr
-            if has_rstd:
-                rstd_s, k = _rstd_saved(rstd_in[r])
-            else:  # (1)-(2) recomputed
-                rstd_s, k = _rstd_from_sumsq(_sumsq_v1(x3, b, i, kf), x3, b, i, kf, eps)
-            s = _dot_v1(dy3, x3, b, i, w, x3.shape[2], k)
-            _rms_bwd_row(dy3, x3, b, i, w, kf, rstd_s, k, s, dx3, want_dw, want_db, dw_parts,
-                         db_parts, p)
-
-
-@njit(**_PAR)
-def _rms_bwd_v2(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, dw_parts,
-                db_parts):
-    nr = x3.shape[1]
-    m = x3.shape[0] * nr
-    for p in prange(dw_parts.shape[0]):
-        _zero_part(dw_parts, p)
-        _zero_part(db_parts, p)
-        for r in range(p * ROWS_PER_PART, min(m, (p + 1) * ROWS_PER_PART)):
-            b, i = r // nr, r % nr
-            if has_rstd:
-                rstd_s, k = _rstd_saved(rstd_in[r])
-            else:  # (1)-(2) recomputed with the forward's code
-                rstd_s, k = _rstd_from_sumsq(_sumsq_v2(x3, b, i, kf), x3, b, i, kf, eps)
-            s = _dot_v2(dy3, x3, b, i, w, x3.shape[2], k)
-            _rms_bwd_row(dy3, x3, b, i, w, kf, rstd_s, k, s, dx3, want_dw, want_db, dw_parts,
-                         db_parts, p)
-
-
-@njit(**_PAR)
 def _rms_bwd_v3(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, dw_parts,
                 db_parts):
     nr = x3.shape[1]
@@ -623,42 +486,6 @@ def _bwd_row_and_dot(g3, x3, b, i, w, rstd_s, c, dx3, dw_parts, p, b1, i1):
         dw_parts[p, j] += g * xhat
         acc[lane] += (to_f64(g3[b1, i1, j]) * w[j]) * to_f64(x3[b1, i1, j])
     return _lane_tree(acc)
-
-
-@njit(**_PAR)
-def _rms_bwd_v4(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, dw_parts,
-                db_parts):
-    nr = x3.shape[1]
-    m = x3.shape[0] * nr
-    n = x3.shape[2]
-    # the pipelined loop covers the common call (saved rstd, K = N, a weight, no bias); each
-    # helper is inlined once (compile time)
-    fuse = has_rstd and kf == n and want_dw and not want_db
-    for p in prange(dw_parts.shape[0]):
-        _zero_part(dw_parts, p)
-        _zero_part(db_parts, p)
-        r0 = p * ROWS_PER_PART
-        r1 = min(m, (p + 1) * ROWS_PER_PART)
-        s_next = 0.0
-        have_next = False  # s_next holds this row's unscaled Σ dxhat·x
-        for r in range(r0, r1):
-            b, i = r // nr, r % nr
-            if has_rstd:
-                rstd_s, k = _rstd_saved(rstd_in[r])
-            else:  # (1)-(2) recomputed with the forward's code
-                rstd_s, k = _rstd_from_sumsq(_sumsq_v3(x3, b, i, kf), x3, b, i, kf, eps)
-            if have_next and k == 0:
-                s = s_next  # summed while the previous row was written
-            else:
-                s = _dot_v3(dy3, x3, b, i, w, n, k)
-            have_next = fuse and k == 0 and r + 1 < r1  # a scaled row takes the general loop
-            if have_next:
-                c = _coef(s, dy3, x3, b, i, w, kf, rstd_s, 0)  # (6)
-                s_next = _bwd_row_and_dot(dy3, x3, b, i, w, rstd_s, c, dx3, dw_parts, p,
-                                          (r + 1) // nr, (r + 1) % nr)
-            else:
-                _rms_bwd_row(dy3, x3, b, i, w, kf, rstd_s, k, s, dx3, want_dw, want_db,
-                             dw_parts, db_parts, p)
 
 
 @njit(**_PAR)
@@ -712,7 +539,11 @@ def _sum_parts(parts, out):
 
 # ============================================================================================
 # Fused residual add + RMSNorm. h = x + residual in float64 ("fp32-sum": never rounded before
-# the statistic) or rounded to x's dtype first ("rounded-sum").
+# the statistic) or rounded to x's dtype first ("rounded-sum"). RMSNorm's technique on h: Σh² and
+# Σ dxhat·h in the 64 lanes, the forward's blocks pipelined.
+# A row helper that takes the scale exponent k is compiled twice: inlined for the common row,
+# called with k = 0 (so ``_scaled`` folds away and the loop vectorises), and on its own
+# (``*_scaled_row``) for the rare scaled float64 rows, which keeps that copy out of the kernels.
 # ============================================================================================
 @njit(**_INL)
 def _h(x3, r3, b, i, j, rounded):
@@ -723,45 +554,35 @@ def _h(x3, r3, b, i, j, rounded):
 
 
 @njit(**_INL)
-def _add_stats(x3, r3, b, i, rounded, eps, res3, store_res):
-    """Σh² in 8 lanes, storing new_residual = R_res(h) on the way when asked -> (rstd_s, k)."""
+def _h_stored(x3, r3, b, i, j, rounded, res3):
+    """h_j of row (b, i), storing new_residual_j = R_res(h_j) on the way."""
+    h = _h(x3, r3, b, i, j, rounded)
+    res3[b, i, j] = from_f64(h, res3)
+    return h
+
+
+@njit(**_INL)
+def _add_sumsq(x3, r3, b, i, rounded, res3):
+    """Σh² of row (b, i) in the 64 lanes of ``_sumsq_v3`` (same order), storing the row's
+    new_residual."""
     n = x3.shape[2]
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
-    n8 = n - n % 8
-    for j0 in range(0, n8, 8):
-        h0 = _h(x3, r3, b, i, j0, rounded)
-        h1 = _h(x3, r3, b, i, j0 + 1, rounded)
-        h2 = _h(x3, r3, b, i, j0 + 2, rounded)
-        h3 = _h(x3, r3, b, i, j0 + 3, rounded)
-        h4 = _h(x3, r3, b, i, j0 + 4, rounded)
-        h5 = _h(x3, r3, b, i, j0 + 5, rounded)
-        h6 = _h(x3, r3, b, i, j0 + 6, rounded)
-        h7 = _h(x3, r3, b, i, j0 + 7, rounded)
-        if store_res:
-            res3[b, i, j0] = from_f64(h0, res3)
-            res3[b, i, j0 + 1] = from_f64(h1, res3)
-            res3[b, i, j0 + 2] = from_f64(h2, res3)
-            res3[b, i, j0 + 3] = from_f64(h3, res3)
-            res3[b, i, j0 + 4] = from_f64(h4, res3)
-            res3[b, i, j0 + 5] = from_f64(h5, res3)
-            res3[b, i, j0 + 6] = from_f64(h6, res3)
-            res3[b, i, j0 + 7] = from_f64(h7, res3)
-        a0 += h0 * h0
-        a1 += h1 * h1
-        a2 += h2 * h2
-        a3 += h3 * h3
-        a4 += h4 * h4
-        a5 += h5 * h5
-        a6 += h6 * h6
-        a7 += h7 * h7
-    ss = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
-    for j in range(n8, n):
-        h = _h(x3, r3, b, i, j, rounded)
-        if store_res:
-            res3[b, i, j] = from_f64(h, res3)
-        ss += h * h
+    acc = np.zeros(LANES)
+    n64 = n - n % LANES
+    for j0 in range(0, n64, LANES):
+        for lane in range(LANES):
+            h = _h_stored(x3, r3, b, i, j0 + lane, rounded, res3)
+            acc[lane] += h * h
+    for lane in range(n - n64):
+        h = _h_stored(x3, r3, b, i, n64 + lane, rounded, res3)
+        acc[lane] += h * h
+    return _lane_tree(acc)
+
+
+@njit(**_INL)
+def _add_rstd(ss, x3, r3, b, i, rounded, eps):
+    """(rstd_s, k) of a row from its Σh², as ``_rstd_from_sumsq`` does from Σx²."""
     if SS_LO <= ss <= SS_HI:
-        return 1.0 / math.sqrt(ss / n + eps), 0
+        return 1.0 / math.sqrt(ss / x3.shape[2] + eps), 0
     return _add_rstd_scaled(ss, x3, r3, b, i, rounded, eps)
 
 
@@ -784,15 +605,85 @@ def _add_rstd_scaled(ss, x3, r3, b, i, rounded, eps):
     return 1.0 / math.sqrt(ss_s / n + math.ldexp(eps, -2 * k)), k
 
 
+@njit(**_INL)
+def _add_write_and_sumsq(x3, r3, rounded, b, i, w, y3, rstd_s, res3, b1, i1):
+    """Row (b, i)'s y (unscaled) while summing Σh² of row (b1, i1) and storing its
+    new_residual, in the lanes of ``_add_sumsq`` (same order, so the same bits)."""
+    n = x3.shape[2]
+    acc = np.zeros(LANES)
+    n64 = n - n % LANES
+    for j0 in range(0, n64, LANES):
+        for lane in range(LANES):
+            j = j0 + lane
+            y3[b, i, j] = from_f64(_h(x3, r3, b, i, j, rounded) * rstd_s * w[j], y3)  # (3)-(4)
+            h = _h_stored(x3, r3, b1, i1, j, rounded, res3)
+            acc[lane] += h * h  # (1) of the next row
+    for lane in range(n - n64):
+        j = n64 + lane
+        y3[b, i, j] = from_f64(_h(x3, r3, b, i, j, rounded) * rstd_s * w[j], y3)
+        h = _h_stored(x3, r3, b1, i1, j, rounded, res3)
+        acc[lane] += h * h
+    return _lane_tree(acc)
+
+
+@njit(**_SER)
+def _add_write_scaled_row(x3, r3, rounded, b, i, w, y3, rstd_s, k):
+    """y of a scaled row: (h·2^-k)·rstd_s·w (rare, not inlined)."""
+    for j in range(x3.shape[2]):
+        y3[b, i, j] = from_f64(math.ldexp(_h(x3, r3, b, i, j, rounded), -k) * rstd_s * w[j], y3)
+
+
 @njit(**_PAR)
 def _add_rms_fwd(x3, r3, rounded, w, eps, y3, res3, rstd_out):
+    """Blocks of ``ROWS_PER_BLOCK`` rows, every row through the pipelined loop (a block's last
+    row sums itself again, unused), as RMSNorm's forward."""
     nr = x3.shape[1]
-    for r in prange(x3.shape[0] * nr):
-        b, i = r // nr, r % nr
-        rstd_s, k = _add_stats(x3, r3, b, i, rounded, eps, res3, True)  # (1)-(2) on h
-        rstd_out[r] = math.ldexp(rstd_s, -k)
-        for j in range(x3.shape[2]):
-            y3[b, i, j] = from_f64(_scaled(_h(x3, r3, b, i, j, rounded), k) * rstd_s * w[j], y3)
+    m = x3.shape[0] * nr
+    for blk in prange((m + ROWS_PER_BLOCK - 1) // ROWS_PER_BLOCK):
+        r0 = blk * ROWS_PER_BLOCK
+        r1 = min(m, r0 + ROWS_PER_BLOCK)
+        ss = _add_sumsq(x3, r3, r0 // nr, r0 % nr, rounded, res3)  # (1) of the first row
+        for r in range(r0, r1):
+            b, i = r // nr, r % nr
+            rstd_s, k = _add_rstd(ss, x3, r3, b, i, rounded, eps)  # (2) on h
+            rstd_out[r] = math.ldexp(rstd_s, -k)
+            rn = min(r + 1, r1 - 1)  # the row summed while row r is written
+            ss = _add_write_and_sumsq(x3, r3, rounded, b, i, w, y3, rstd_s, res3, rn // nr,
+                                      rn % nr)  # (3)-(4) of row r, (1) of row rn
+            if k != 0:  # a scaled float64 row: its y written again, scaled (one loop copy)
+                _add_write_scaled_row(x3, r3, rounded, b, i, w, y3, rstd_s, k)
+
+
+@njit(**_INL)
+def _dxhat_h(dy3, x3, r3, b, i, j, rounded, w, k):
+    """dxhat_j·h_j·2^-k of row (b, i), dxhat = dy·w' (k = 0 unless a scaled row)."""
+    return (to_f64(dy3[b, i, j]) * w[j]) * _scaled(_h(x3, r3, b, i, j, rounded), k)
+
+
+def _add_dot_py(dy3, x3, r3, b, i, rounded, w, k):
+    """Σ_j dxhat_j·h_j·2^-k of row (b, i) in the 64 lanes of ``_dot_v3`` (same order)."""
+    n = x3.shape[2]
+    acc = np.zeros(LANES)
+    n64 = n - n % LANES
+    for j0 in range(0, n64, LANES):
+        for lane in range(LANES):
+            acc[lane] += _dxhat_h(dy3, x3, r3, b, i, j0 + lane, rounded, w, k)
+    for lane in range(n - n64):
+        acc[lane] += _dxhat_h(dy3, x3, r3, b, i, n64 + lane, rounded, w, k)
+    return _lane_tree(acc)
+
+
+_add_dot = njit(**_INL)(_add_dot_py)
+_add_dot_scaled_row = njit(**_SER)(_add_dot_py)
+
+
+@njit(**_INL)
+def _add_coef(s, dy3, x3, r3, b, i, rounded, w, rstd_s, k):
+    """c of eq. (6) on h, s·rstd_s/N, as ``_coef``: rows whose s left [SS_LO, SS_HI] sum
+    Σ dxhat·hhat / N instead."""
+    if SS_LO <= abs(s) <= SS_HI:
+        return s * rstd_s / x3.shape[2]
+    return _add_coef_from_hhat(dy3, x3, r3, b, i, rounded, w, rstd_s, k)
 
 
 @njit(**_SER)
@@ -805,104 +696,239 @@ def _add_coef_from_hhat(dy3, x3, r3, b, i, rounded, w, rstd_s, k):
     return c / n
 
 
+@njit(**_INL)
+def _add_dh(dy3, dro3, has_dro, x3, r3, rounded, b, i, j, w, rstd_s, rstd, k, c, dx3, dr3,
+            want_dw, dw_parts, p):
+    """dh_j = dx_RMSNorm(h)_j (+ dresidual_out_j) of row (b, i), rounded into dx and
+    dresidual, and its dweight term. Eqs. (3), (5)-(8) on h; rstd = rstd_s·2^-k."""
+    g = to_f64(dy3[b, i, j])
+    hhat = _scaled(_h(x3, r3, b, i, j, rounded), k) * rstd_s  # (3)
+    dh = rstd * (g * w[j] - hhat * c)  # (7) direct term − projection
+    if has_dro:
+        dh += to_f64(dro3[b, i, j])  # h also feeds new_residual
+    dx3[b, i, j] = from_f64(dh, dx3)
+    dr3[b, i, j] = from_f64(dh, dr3)
+    if want_dw:
+        dw_parts[p, j] += g * hhat  # (8)
+
+
+def _add_bwd_row_py(dy3, dro3, has_dro, x3, r3, rounded, b, i, w, rstd_s, k, c, dx3, dr3,
+                    want_dw, dw_parts, p):
+    """dh of one row (``_add_dh`` for every j)."""
+    rstd = math.ldexp(rstd_s, -k)
+    for j in range(x3.shape[2]):
+        _add_dh(dy3, dro3, has_dro, x3, r3, rounded, b, i, j, w, rstd_s, rstd, k, c, dx3, dr3,
+                want_dw, dw_parts, p)
+
+
+_add_bwd_row = njit(**_INL)(_add_bwd_row_py)
+_add_bwd_scaled_row = njit(**_SER)(_add_bwd_row_py)
+
+
 @njit(**_PAR)
 def _add_rms_bwd(dy3, dro3, has_dro, x3, r3, rounded, w, eps, has_rstd, rstd_in, dx3, dr3,
                  want_dw, dw_parts):
     nr = x3.shape[1]
     m = x3.shape[0] * nr
-    n = x3.shape[2]
     for p in prange(dw_parts.shape[0]):
         _zero_part(dw_parts, p)
         for r in range(p * ROWS_PER_PART, min(m, (p + 1) * ROWS_PER_PART)):
             b, i = r // nr, r % nr
             if has_rstd:
                 rstd_s, k = _rstd_saved(rstd_in[r])
-            else:
-                rstd_s, k = _add_stats(x3, r3, b, i, rounded, eps, dr3, False)
-            s = 0.0
-            for j in range(n):  # Σ dxhat·h·2^-k (one lane: the fused backward is not benched)
-                s += (to_f64(dy3[b, i, j]) * w[j]) * _scaled(_h(x3, r3, b, i, j, rounded), k)
-            if SS_LO <= abs(s) <= SS_HI:
-                c = s * rstd_s / n  # (6)
-            else:  # as _coef: dxhat·h overflowed or lost digits, sum dxhat·hhat instead
-                c = _add_coef_from_hhat(dy3, x3, r3, b, i, rounded, w, rstd_s, k)
-            rstd = math.ldexp(rstd_s, -k)
-            for j in range(n):
-                g = to_f64(dy3[b, i, j])
-                hhat = _scaled(_h(x3, r3, b, i, j, rounded), k) * rstd_s
-                dh = rstd * (g * w[j] - hhat * c)  # (7) on h
-                if has_dro:
-                    dh += to_f64(dro3[b, i, j])  # h also feeds new_residual
-                dx3[b, i, j] = from_f64(dh, dx3)
-                dr3[b, i, j] = from_f64(dh, dr3)
-                if want_dw:
-                    dw_parts[p, j] += g * hhat  # (8)
+            else:  # (1)-(2) on h; the row's new_residual goes to dr3, overwritten by dh below
+                ss = _add_sumsq(x3, r3, b, i, rounded, dr3)
+                rstd_s, k = _add_rstd(ss, x3, r3, b, i, rounded, eps)
+            if k == 0:
+                s = _add_dot(dy3, x3, r3, b, i, rounded, w, 0)
+                c = _add_coef(s, dy3, x3, r3, b, i, rounded, w, rstd_s, 0)  # (6)
+                _add_bwd_row(dy3, dro3, has_dro, x3, r3, rounded, b, i, w, rstd_s, 0, c, dx3,
+                             dr3, want_dw, dw_parts, p)
+            else:  # a scaled float64 row (rare)
+                s = _add_dot_scaled_row(dy3, x3, r3, b, i, rounded, w, k)
+                c = _add_coef(s, dy3, x3, r3, b, i, rounded, w, rstd_s, k)
+                _add_bwd_scaled_row(dy3, dro3, has_dro, x3, r3, rounded, b, i, w, rstd_s, k, c,
+                                    dx3, dr3, want_dw, dw_parts, p)
+
+
+@njit(**_INL)
+def _add_dh_and_dot(dy3, dro3, has_dro, x3, r3, rounded, b, i, w, rstd_s, c, dx3, dr3, dw_parts,
+                    p, b1, i1):
+    """Row (b, i)'s dh (unscaled, a weight) while summing Σ dxhat·h of row (b1, i1) in the
+    lanes of ``_add_dot`` (same order, so the same bits): ``_bwd_row_and_dot`` on h."""
+    n = x3.shape[2]
+    acc = np.zeros(LANES)
+    n64 = n - n % LANES
+    for j0 in range(0, n64, LANES):
+        for lane in range(LANES):
+            j = j0 + lane
+            _add_dh(dy3, dro3, has_dro, x3, r3, rounded, b, i, j, w, rstd_s, rstd_s, 0, c, dx3,
+                    dr3, True, dw_parts, p)
+            acc[lane] += _dxhat_h(dy3, x3, r3, b1, i1, j, rounded, w, 0)  # the next row's
+    for lane in range(n - n64):
+        j = n64 + lane
+        _add_dh(dy3, dro3, has_dro, x3, r3, rounded, b, i, j, w, rstd_s, rstd_s, 0, c, dx3, dr3,
+                True, dw_parts, p)
+        acc[lane] += _dxhat_h(dy3, x3, r3, b1, i1, j, rounded, w, 0)
+    return _lane_tree(acc)
+
+
+@njit(**_PAR)
+def _add_rms_bwd_pipelined(dy3, dro3, has_dro, x3, r3, rounded, w, rstd_in, dx3, dr3,
+                           dw_parts):
+    """The common call (a saved rstd in range, a weight), as ``_rms_bwd_pipelined``: every row
+    of a part through one loop that writes row r's dh while summing row r + 1's Σ dxhat·h (the
+    part's last row sums itself again, unused)."""
+    nr = x3.shape[1]
+    m = x3.shape[0] * nr
+    for p in prange(dw_parts.shape[0]):
+        _zero_part(dw_parts, p)
+        r0 = p * ROWS_PER_PART
+        r1 = min(m, r0 + ROWS_PER_PART)
+        if r1 <= r0:  # an empty batch still has one (zeroed) part
+            continue
+        s = _add_dot(dy3, x3, r3, r0 // nr, r0 % nr, rounded, w, 0)  # the first row's
+        for r in range(r0, r1):
+            b, i = r // nr, r % nr
+            rn = min(r + 1, r1 - 1)  # the row summed while row r is written
+            rstd_s = rstd_in[r]
+            c = _add_coef(s, dy3, x3, r3, b, i, rounded, w, rstd_s, 0)  # (6)
+            s = _add_dh_and_dot(dy3, dro3, has_dro, x3, r3, rounded, b, i, w, rstd_s, c, dx3,
+                                dr3, dw_parts, p, rn // nr, rn % nr)
+
+
+def _add_rms_bwd_any(dy3, dro3, has_dro, x3, r3, rounded, w, eps, has_rstd, rstd_in, dx3, dr3,
+                     want_dw, dw_parts):
+    """The common call (a saved rstd in the range of unscaled sums, a weight) runs
+    ``_add_rms_bwd_pipelined``, every other call ``_add_rms_bwd`` (as ``_rms_bwd_v5``)."""
+    if has_rstd and want_dw and _saved_rstd_in_range(rstd_in):
+        _add_rms_bwd_pipelined(dy3, dro3, has_dro, x3, r3, rounded, w, rstd_in, dx3, dr3,
+                               dw_parts)
+    else:
+        _add_rms_bwd(dy3, dro3, has_dro, x3, r3, rounded, w, eps, has_rstd, rstd_in, dx3, dr3,
+                     want_dw, dw_parts)
 
 
 # ============================================================================================
-# LayerNorm, written like RMSNorm v2 (for the RMSNorm/LayerNorm comparison)
+# LayerNorm, written as the RMSNorm kernels are (for the RMSNorm/LayerNorm comparison): Σx,
+# (Σd, Σd²) and the backward's sums in the 64 lanes; the forward's blocks pipelined.
 # ============================================================================================
 @njit(**_INL)
-def _ln_stats(x3, b, i, eps):
-    """(mu, rstd): Σx in 8 lanes -> mu; (Σd, Σd²), d = x − mu, in 4+4 lanes; then
-    var = (Σd² − (Σd)²/N)/N, the corrected two-pass formula (= the oracle's refined mu)."""
+def _sum_lanes(x3, b, i):
+    """Σ_j x_j of row (b, i) in the 64 lanes of ``_sumsq_v3`` (same order)."""
     n = x3.shape[2]
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
-    n8 = n - n % 8
-    for j in range(0, n8, 8):
-        a0 += to_f64(x3[b, i, j])
-        a1 += to_f64(x3[b, i, j + 1])
-        a2 += to_f64(x3[b, i, j + 2])
-        a3 += to_f64(x3[b, i, j + 3])
-        a4 += to_f64(x3[b, i, j + 4])
-        a5 += to_f64(x3[b, i, j + 5])
-        a6 += to_f64(x3[b, i, j + 6])
-        a7 += to_f64(x3[b, i, j + 7])
-    s = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
-    for j in range(n8, n):
-        s += to_f64(x3[b, i, j])
+    acc = np.zeros(LANES)
+    n64 = n - n % LANES
+    for j0 in range(0, n64, LANES):
+        for lane in range(LANES):
+            acc[lane] += to_f64(x3[b, i, j0 + lane])
+    for lane in range(n - n64):
+        acc[lane] += to_f64(x3[b, i, n64 + lane])
+    return _lane_tree(acc)
+
+
+@njit(**_INL)
+def _ln_stats(s, x3, b, i, eps):
+    """(mu, rstd) of row (b, i) from its Σx: mu = Σx/N; (Σd, Σd²), d = x − mu, in 64 lanes
+    each; var = (Σd² − (Σd)²/N)/N, the corrected two-pass formula (= the oracle's refined mu)."""
+    n = x3.shape[2]
     mu = s / n  # (1)
-    a0 = a1 = a2 = a3 = 0.0
-    q0 = q1 = q2 = q3 = 0.0
-    n4 = n - n % 4
-    for j in range(0, n4, 4):
-        d0 = to_f64(x3[b, i, j]) - mu
-        d1 = to_f64(x3[b, i, j + 1]) - mu
-        d2 = to_f64(x3[b, i, j + 2]) - mu
-        d3 = to_f64(x3[b, i, j + 3]) - mu
-        a0 += d0
-        a1 += d1
-        a2 += d2
-        a3 += d3
-        q0 += d0 * d0
-        q1 += d1 * d1
-        q2 += d2 * d2
-        q3 += d3 * d3
-    sd = (a0 + a1) + (a2 + a3)
-    sq = (q0 + q1) + (q2 + q3)
-    for j in range(n4, n):
-        d = to_f64(x3[b, i, j]) - mu
-        sd += d
-        sq += d * d
+    acc_d = np.zeros(LANES)
+    acc_q = np.zeros(LANES)
+    n64 = n - n % LANES
+    for j0 in range(0, n64, LANES):
+        for lane in range(LANES):
+            d = to_f64(x3[b, i, j0 + lane]) - mu
+            acc_d[lane] += d
+            acc_q[lane] += d * d
+    for lane in range(n - n64):
+        d = to_f64(x3[b, i, n64 + lane]) - mu
+        acc_d[lane] += d
+        acc_q[lane] += d * d
+    sd = _lane_tree(acc_d)
+    sq = _lane_tree(acc_q)
     mu_refined = mu + sd / n
     var = (sq - sd * (sd / n)) / n  # (3) biased variance about the refined mean
     return mu_refined, 1.0 / math.sqrt(var + eps)  # (4)
 
 
+@njit(**_INL)
+def _ln_write_and_sum(x3, b, i, w, bias, y3, mu, rstd, b1, i1):
+    """Row (b, i)'s y = (x − mu)·rstd·w + b while summing Σx of row (b1, i1) in the lanes of
+    ``_sum_lanes`` (same order, so the same bits). Eqs. (5)-(6). Without a bias, b is a row of
+    -0.0, the exact additive identity (v + (-0.0) is v, bit for bit, also for v = ±0): no
+    per-element branch, which kept this loop from vectorising."""
+    n = x3.shape[2]
+    acc = np.zeros(LANES)
+    n64 = n - n % LANES
+    for j0 in range(0, n64, LANES):
+        for lane in range(LANES):
+            j = j0 + lane
+            y3[b, i, j] = from_f64((to_f64(x3[b, i, j]) - mu) * rstd * w[j] + bias[j], y3)
+            acc[lane] += to_f64(x3[b1, i1, j])  # (1) of the next row
+    for lane in range(n - n64):
+        j = n64 + lane
+        y3[b, i, j] = from_f64((to_f64(x3[b, i, j]) - mu) * rstd * w[j] + bias[j], y3)
+        acc[lane] += to_f64(x3[b1, i1, j])
+    return _lane_tree(acc)
+
+
 @njit(**_PAR)
-def _ln_fwd(x3, w, bias, has_bias, eps, y3, mean_out, rstd_out):
+def _ln_fwd(x3, w, bias, eps, y3, mean_out, rstd_out):
+    """Blocks of ``ROWS_PER_BLOCK`` rows, every row through the pipelined loop (a block's last
+    row sums itself again, unused), as the fused residual forward."""
     nr = x3.shape[1]
-    for r in prange(x3.shape[0] * nr):
-        b, i = r // nr, r % nr
-        mu, rstd = _ln_stats(x3, b, i, eps)
-        mean_out[r] = mu
-        rstd_out[r] = rstd
-        if has_bias:
-            for j in range(x3.shape[2]):
-                y3[b, i, j] = from_f64((to_f64(x3[b, i, j]) - mu) * rstd * w[j] + bias[j], y3)
-        else:
-            for j in range(x3.shape[2]):
-                y3[b, i, j] = from_f64((to_f64(x3[b, i, j]) - mu) * rstd * w[j], y3)  # (5)-(6)
+    m = x3.shape[0] * nr
+    for blk in prange((m + ROWS_PER_BLOCK - 1) // ROWS_PER_BLOCK):
+        r0 = blk * ROWS_PER_BLOCK
+        r1 = min(m, r0 + ROWS_PER_BLOCK)
+        s = _sum_lanes(x3, r0 // nr, r0 % nr)  # Σx of the first row
+        for r in range(r0, r1):
+            b, i = r // nr, r % nr
+            mu, rstd = _ln_stats(s, x3, b, i, eps)  # (1)-(4)
+            mean_out[r] = mu
+            rstd_out[r] = rstd
+            rn = min(r + 1, r1 - 1)  # the row summed while row r is written
+            s = _ln_write_and_sum(x3, b, i, w, bias, y3, mu, rstd, rn // nr, rn % nr)
+
+
+@njit(**_INL)
+def _dxhat_terms(dy3, x3, b, i, j, w, mu):
+    """(dxhat_j, dxhat_j·(x_j − mu)) of row (b, i), dxhat = dy·w: the terms of eqs. (8)-(9)."""
+    dxhat = to_f64(dy3[b, i, j]) * w[j]
+    return dxhat, dxhat * (to_f64(x3[b, i, j]) - mu)
+
+
+@njit(**_INL)
+def _ln_bwd_sums(dy3, x3, b, i, w, mu):
+    """(Σ dxhat_j, Σ dxhat_j·(x_j − mu)) of row (b, i), 64 lanes each."""
+    n = x3.shape[2]
+    acc_g = np.zeros(LANES)
+    acc_gd = np.zeros(LANES)
+    n64 = n - n % LANES
+    for j0 in range(0, n64, LANES):
+        for lane in range(LANES):
+            g, gd = _dxhat_terms(dy3, x3, b, i, j0 + lane, w, mu)
+            acc_g[lane] += g
+            acc_gd[lane] += gd
+    for lane in range(n - n64):
+        g, gd = _dxhat_terms(dy3, x3, b, i, n64 + lane, w, mu)
+        acc_g[lane] += g
+        acc_gd[lane] += gd
+    return _lane_tree(acc_g), _lane_tree(acc_gd)
+
+
+@njit(**_INL)
+def _ln_dx(dy3, x3, b, i, j, w, mu, rstd, c1, c2, dx3, want_dw, want_db, dw_parts, db_parts, p):
+    """dx_j of row (b, i) and its dweight/dbias terms in the part's partial rows. Eqs. (5),
+    (10)-(11)."""
+    g = to_f64(dy3[b, i, j])
+    xhat = (to_f64(x3[b, i, j]) - mu) * rstd  # (5)
+    dx3[b, i, j] = from_f64(rstd * (g * w[j] - c1 - xhat * c2), dx3)  # (10)
+    if want_dw:
+        dw_parts[p, j] += g * xhat  # (11)
+    if want_db:
+        db_parts[p, j] += g
 
 
 @njit(**_PAR)
@@ -918,40 +944,76 @@ def _ln_bwd(dy3, x3, w, eps, has_stats, mean_in, rstd_in, dx3, want_dw, want_db,
             b, i = r // nr, r % nr
             if has_stats:
                 mu, rstd = mean_in[r], rstd_in[r]
-            else:
-                mu, rstd = _ln_stats(x3, b, i, eps)
-            a0 = a1 = a2 = a3 = 0.0  # (8)-(9): Σ dxhat and Σ dxhat·(x − mu), 4+4 lanes
-            q0 = q1 = q2 = q3 = 0.0
-            n4 = n - n % 4
-            for j in range(0, n4, 4):
-                e0 = to_f64(dy3[b, i, j]) * w[j]
-                e1 = to_f64(dy3[b, i, j + 1]) * w[j + 1]
-                e2 = to_f64(dy3[b, i, j + 2]) * w[j + 2]
-                e3 = to_f64(dy3[b, i, j + 3]) * w[j + 3]
-                a0 += e0
-                a1 += e1
-                a2 += e2
-                a3 += e3
-                q0 += e0 * (to_f64(x3[b, i, j]) - mu)
-                q1 += e1 * (to_f64(x3[b, i, j + 1]) - mu)
-                q2 += e2 * (to_f64(x3[b, i, j + 2]) - mu)
-                q3 += e3 * (to_f64(x3[b, i, j + 3]) - mu)
-            s1 = (a0 + a1) + (a2 + a3)
-            s2 = (q0 + q1) + (q2 + q3)
-            for j in range(n4, n):
-                e = to_f64(dy3[b, i, j]) * w[j]
-                s1 += e
-                s2 += e * (to_f64(x3[b, i, j]) - mu)
+            else:  # (1)-(4) recomputed with the forward's code
+                mu, rstd = _ln_stats(_sum_lanes(x3, b, i), x3, b, i, eps)
+            s1, s2 = _ln_bwd_sums(dy3, x3, b, i, w, mu)
+            c1 = s1 / n  # (8) the path through mu
+            c2 = s2 * rstd / n  # (9) the path through rstd
+            for j in range(n):
+                _ln_dx(dy3, x3, b, i, j, w, mu, rstd, c1, c2, dx3, want_dw, want_db, dw_parts,
+                       db_parts, p)
+
+
+@njit(**_INL)
+def _ln_dx_and_sums(dy3, x3, b, i, w, mu, rstd, c1, c2, dx3, want_db, dw_parts, db_parts, p,
+                    b1, i1, mu1):
+    """Row (b, i)'s dx, dweight (and dbias) terms while summing (Σ dxhat, Σ dxhat·(x − mu1))
+    of row (b1, i1) in the lanes of ``_ln_bwd_sums`` (same order, so the same bits)."""
+    n = x3.shape[2]
+    acc_g = np.zeros(LANES)
+    acc_gd = np.zeros(LANES)
+    n64 = n - n % LANES
+    for j0 in range(0, n64, LANES):
+        for lane in range(LANES):
+            j = j0 + lane
+            _ln_dx(dy3, x3, b, i, j, w, mu, rstd, c1, c2, dx3, True, want_db, dw_parts,
+                   db_parts, p)
+            g, gd = _dxhat_terms(dy3, x3, b1, i1, j, w, mu1)  # (8)-(9) of the next row
+            acc_g[lane] += g
+            acc_gd[lane] += gd
+    for lane in range(n - n64):
+        j = n64 + lane
+        _ln_dx(dy3, x3, b, i, j, w, mu, rstd, c1, c2, dx3, True, want_db, dw_parts, db_parts, p)
+        g, gd = _dxhat_terms(dy3, x3, b1, i1, j, w, mu1)
+        acc_g[lane] += g
+        acc_gd[lane] += gd
+    return _lane_tree(acc_g), _lane_tree(acc_gd)
+
+
+@njit(**_PAR)
+def _ln_bwd_pipelined(dy3, x3, w, mean_in, rstd_in, dx3, want_db, dw_parts, db_parts):
+    """The common call (saved mean and rstd, a weight), as ``_rms_bwd_pipelined``: every row of
+    a part through one loop that writes row r's dx and parameter terms while summing row
+    r + 1's sums (the part's last row sums itself again, unused)."""
+    nr = x3.shape[1]
+    m = x3.shape[0] * nr
+    n = x3.shape[2]
+    for p in prange(dw_parts.shape[0]):
+        _zero_part(dw_parts, p)
+        _zero_part(db_parts, p)
+        r0 = p * ROWS_PER_PART
+        r1 = min(m, r0 + ROWS_PER_PART)
+        if r1 <= r0:  # an empty batch still has one (zeroed) part
+            continue
+        s1, s2 = _ln_bwd_sums(dy3, x3, r0 // nr, r0 % nr, w, mean_in[r0])  # the first row's
+        for r in range(r0, r1):
+            rn = min(r + 1, r1 - 1)  # the row summed while row r is written
+            mu, rstd = mean_in[r], rstd_in[r]
             c1 = s1 / n  # (8)
             c2 = s2 * rstd / n  # (9)
-            for j in range(n):
-                g = to_f64(dy3[b, i, j])
-                xhat = (to_f64(x3[b, i, j]) - mu) * rstd  # (5)
-                dx3[b, i, j] = from_f64(rstd * (g * w[j] - c1 - xhat * c2), dx3)  # (10)
-                if want_dw:
-                    dw_parts[p, j] += g * xhat  # (11)
-                if want_db:
-                    db_parts[p, j] += g
+            s1, s2 = _ln_dx_and_sums(dy3, x3, r // nr, r % nr, w, mu, rstd, c1, c2, dx3, want_db,
+                                     dw_parts, db_parts, p, rn // nr, rn % nr, mean_in[rn])
+
+
+def _ln_bwd_any(dy3, x3, w, eps, has_stats, mean_in, rstd_in, dx3, want_dw, want_db, dw_parts,
+                db_parts):
+    """The common call (saved statistics, a weight) runs ``_ln_bwd_pipelined``, every other
+    call ``_ln_bwd`` (a Python-level choice, as ``_rms_bwd_v5``: each kernel compiles alone)."""
+    if has_stats and want_dw:
+        _ln_bwd_pipelined(dy3, x3, w, mean_in, rstd_in, dx3, want_db, dw_parts, db_parts)
+    else:
+        _ln_bwd(dy3, x3, w, eps, has_stats, mean_in, rstd_in, dx3, want_dw, want_db, dw_parts,
+                db_parts)
 
 
 # ============================================================================================
@@ -1078,10 +1140,6 @@ def _param_grad(parts: np.ndarray, like: np.ndarray | None, shape: tuple[int, ..
 
 
 # ---------------------------------------------------------------------------- RMSNorm
-_RMS_FWD = {1: _rms_fwd_v1, 2: _rms_fwd_v2, 3: _rms_fwd_v3, 4: _rms_fwd_v4}
-_RMS_BWD = {1: _rms_bwd_v1, 2: _rms_bwd_v2, 3: _rms_bwd_v3, 4: _rms_bwd_v4, 5: _rms_bwd_v5}
-_DEFAULT_FWD = max(_RMS_FWD)  # the fastest correct one
-_DEFAULT_BWD = max(_RMS_BWD)
 
 
 def _rms_norm_forward(
@@ -1184,7 +1242,7 @@ def rms_norm_forward(
         Shape ``x.shape[:-k] + (1,)*k``; float32 for half inputs, float64 otherwise.
     """
     return _rms_norm_forward(
-        _RMS_FWD[_DEFAULT_FWD], x, normalized_shape, weight, eps, bias=bias, offset=offset,
+        _rms_fwd_v4, x, normalized_shape, weight, eps, bias=bias, offset=offset,
         partial=partial, out_dtype=out_dtype, out=out,
     )
 
@@ -1244,49 +1302,9 @@ def rms_norm_backward(
         order.
     """
     return _rms_norm_backward(
-        _RMS_BWD[_DEFAULT_BWD], dy, x, normalized_shape, weight, eps, rstd=rstd, bias=bias,
+        _rms_bwd_v5, dy, x, normalized_shape, weight, eps, rstd=rstd, bias=bias,
         offset=offset, partial=partial, out=out,
     )
-
-
-def variant(name: str, number: int) -> Callable[..., Any]:
-    """Variant ``number`` of ``name`` ("rms_norm_forward" or "rms_norm_backward"), with the
-    public signature; used by the tests and ``bench/cpu.py`` to check and time each one.
-
-    Parameters
-    ----------
-    name : str
-        The public function whose variant is wanted.
-    number : int
-        The variant number from the module docstring.
-
-    Returns
-    -------
-    callable
-        Same signature and results contract as the public function.
-    """
-    table = {"rms_norm_forward": (_RMS_FWD, _rms_norm_forward),
-             "rms_norm_backward": (_RMS_BWD, _rms_norm_backward)}
-    if name not in table:
-        raise ValueError(f"no variants of {name!r}; variants exist for {', '.join(table)}")
-    kernels, wrapper = table[name]
-    if number not in kernels:
-        raise ValueError(f"{name} has variants {sorted(kernels)}, not {number!r}")
-    kernel = kernels[number]
-
-    def run(*args: Any, **kwargs: Any) -> Any:
-        return wrapper(kernel, *args, **kwargs)
-
-    run.__name__ = f"{name}_v{number}"
-    run.__doc__ = f"{name}, variant v{number} (see rmsref.kernels.numba_cpu)."
-    return run
-
-
-#: Variant numbers per function; the default is the highest (the fastest correct one).
-VARIANTS: dict[str, tuple[int, ...]] = {
-    "rms_norm_forward": tuple(_RMS_FWD),
-    "rms_norm_backward": tuple(_RMS_BWD),
-}
 
 
 # ---------------------------------------------------------------------------- fused residual
@@ -1403,7 +1421,7 @@ def add_rms_norm_backward(
     want_dw = w_arr is not None
     dw_parts = np.empty((nparts, n) if want_dw else (nparts, 0))
     has_rstd = saved is not None
-    _launch(_add_rms_bwd, dy3, dro3, has_dro, x3, r3, rounded, w, eps, has_rstd,
+    _launch(_add_rms_bwd_any, dy3, dro3, has_dro, x3, r3, rounded, w, eps, has_rstd,
             saved if has_rstd else w, dx3, dr3, want_dw, dw_parts)
     return AddRMSNormGrads(dx, dres, _param_grad(dw_parts, w_arr, shape))
 
@@ -1448,8 +1466,9 @@ def layer_norm_forward(
     m = x3.shape[0] * x3.shape[1]
     mean = np.empty(m, _stat_dtype(x.dtype))
     rstd = np.empty(m, _stat_dtype(x.dtype))
-    has_bias = b is not None
-    _launch(_ln_fwd, x3, w, b if has_bias else w, has_bias, eps, y3, mean, rstd)
+    if b is None:
+        b = np.full(n, -0.0)  # the exact additive identity (see _ln_write_and_sum)
+    _launch(_ln_fwd, x3, w, b, eps, y3, mean, rstd)
     _written(y3, y)
     stat = stat_shape(x, shape)
     return y, mean.reshape(stat), rstd.reshape(stat)
@@ -1523,7 +1542,7 @@ def layer_norm_backward(
     dw_parts = np.empty((nparts, n) if want_dw else (nparts, 0))
     db_parts = np.empty((nparts, n) if want_db else (nparts, 0))
     has_stats = saved_rstd is not None
-    _launch(_ln_bwd, dy3, x3, w, eps, has_stats, saved_mean if has_stats else w,
+    _launch(_ln_bwd_any, dy3, x3, w, eps, has_stats, saved_mean if has_stats else w,
             saved_rstd if has_stats else w, dx3, want_dw, want_db, dw_parts, db_parts)
     _written(dx3, dx)
     return LayerNormGrads(
