@@ -88,7 +88,7 @@ Numerical contract
   default kernels write a bfloat16 row with ``from_f64_normal``, integer arithmetic on the
   float64 bits that rounds once exactly like ``from_f64`` for ±0 and 2^-126 <= |v| < 2^128,
   and flag any other value (a bfloat16 subnormal, overflow, inf, NaN); a flagged row is
-  written again with ``from_f64`` (``_rms_write_exact``, ``_bwd_dx_exact``), so every element
+  written again with ``from_f64`` (``_rms_write_general``, ``_bwd_dx_exact``), so every element
   keeps the one-rounding contract above. float16 rows are written by ``from_f64`` directly
   (subnormal float16 outputs are common enough that rows would be rewritten often). Complex
   inputs are not supported here (use the oracle).
@@ -394,30 +394,23 @@ def _rms_write(x3, b, i, w, bias, has_bias, y3, rstd_s, k):
             yj = to_f64(x3[b, i, j]) * rstd_s * w[j]
             y3[b, i, j] = from_f64_normal(yj, y3)
             outside |= outside_normal(yj, y3)
-        if outside:
-            _rms_write_exact(x3, b, i, w, y3, rstd_s)
+        if outside:  # a rare half row: written again, rounded by from_f64
+            _rms_write_general(x3, b, i, w, bias, False, y3, rstd_s, 0)
     else:
         _rms_write_general(x3, b, i, w, bias, has_bias, y3, rstd_s, k)
 
 
-@njit(**_SER)
-def _rms_write_exact(x3, b, i, w, y3, rstd_s):
-    """The common row of ``_rms_write`` again, rounded by ``from_f64``: for the rare half
-    rows with an element outside the format's normal range (a subnormal or infinite y, a NaN),
-    where ``from_f64_normal`` is not exact. Same y values, so the same bits as a row that never
-    needed it would have."""
-    for j in range(x3.shape[2]):
-        y3[b, i, j] = from_f64(to_f64(x3[b, i, j]) * rstd_s * w[j], y3)
-
-
 @njit(nogil=True, cache=True)
 def _rms_write_general(x3, b, i, w, bias, has_bias, y3, rstd_s, k):
-    """The rows of ``_rms_write`` with a bias or a scale 2^-k (not inlined: every forward
-    kernel would compile these loops again: they took half of forward v4's compile time)."""
+    """The rows of ``_rms_write`` with a bias or a scale 2^-k, and the half rows that
+    ``from_f64_normal`` could not round (not inlined: every forward kernel would compile these
+    loops again: they took half of forward v4's compile time). Same y values as the common
+    loop, rounded by ``from_f64``, which is exact for every value."""
     n = x3.shape[2]
     if k == 0:
         for j in range(n):
-            y3[b, i, j] = from_f64(to_f64(x3[b, i, j]) * rstd_s * w[j] + bias[j], y3)
+            v = to_f64(x3[b, i, j]) * rstd_s * w[j]
+            y3[b, i, j] = from_f64(v + bias[j] if has_bias else v, y3)
     else:
         for j in range(n):
             v = math.ldexp(to_f64(x3[b, i, j]), -k) * rstd_s * w[j]
@@ -470,7 +463,7 @@ def _write_and_sumsq(x3, b, i, w, y3, rstd_s, b1, i1):
     lanes of ``_sumsq_v3``, in the same order (so the same bits as ``_sumsq_v3``; v4)."""
     n = x3.shape[2]
     acc = np.zeros(LANES)
-    outside = False  # whether a y_j needs ``from_f64`` (see ``_rms_write_exact``)
+    outside = False  # whether a y_j needs ``from_f64`` (see ``_rms_write``)
     n64 = n - n % LANES
     for j0 in range(0, n64, LANES):
         for lane in range(LANES):
@@ -487,8 +480,8 @@ def _write_and_sumsq(x3, b, i, w, y3, rstd_s, b1, i1):
         outside |= outside_normal(yj, y3)
         v = to_f64(x3[b1, i1, j])
         acc[lane] += v * v
-    if outside:
-        _rms_write_exact(x3, b, i, w, y3, rstd_s)
+    if outside:  # a rare half row: written again, rounded by from_f64 (w: an unread bias)
+        _rms_write_general(x3, b, i, w, w, False, y3, rstd_s, 0)
     return _lane_tree(acc)
 
 
@@ -671,7 +664,7 @@ def _bwd_row_and_dot(g3, x3, b, i, w, rstd_s, c, dx3, dw_parts, p, b1, i1):
 @njit(**_SER)
 def _bwd_dx_exact(g3, x3, b, i, w, rstd_s, c, dx3):
     """Row (b, i)'s dx of ``_bwd_row_and_dot`` again, rounded by ``from_f64`` (a half row with
-    an element outside the format's normal range; as ``_rms_write_exact``). Only dx: the
+    an element outside the format's normal range, as ``_rms_write`` does). Only dx: the
     dweight terms were added once already."""
     for j in range(x3.shape[2]):
         xhat = to_f64(x3[b, i, j]) * rstd_s
