@@ -175,3 +175,68 @@ def test_float64_fast_route_equals_round_to_odd(fmt):
     b = np.empty(v.size, np.uint16)
     both(v, a, b)
     _bits_equal(a, b, f"{fmt} float64 -> half, fast route vs round to odd")
+
+
+def _float64_probes(fmt: str) -> np.ndarray:
+    """float64 values at every rounding boundary of ``fmt`` (midpoints, midpoints nudged by
+    far less than a float32 ulp, the format's values and their float64 successors), random
+    values spread over the format's range and beyond, any float64 bit patterns, both signs."""
+    dtype = FORMATS[fmt][0]
+    pos = ALL[: 0x7C00 if fmt == "float16" else 0x7F80].view(dtype).astype(np.float64)
+    nxt = np.append(pos[1:], 2 * pos[-1] - pos[-2])
+    mid = (pos + nxt) / 2
+    tiny = np.abs(mid) * 2.0**-40 + 2.0**-1074
+    rng = np.random.default_rng(13)
+    spread = rng.uniform(1, 2, 1 << 16) * np.exp2(rng.integers(-150, 140, 1 << 16))
+    raw = rng.integers(0, 1 << 63, 1 << 14, dtype=np.int64).view(np.float64)  # any bits
+    v = np.concatenate([mid, mid + tiny, mid - tiny, pos, np.nextafter(pos, np.inf), spread,
+                        raw, [0.0, np.inf, np.nan, 2.0**-1074, 2.0**-126, 2.0**128]])
+    return np.concatenate([v, -v])
+
+
+def test_bfloat16_normal_route_where_it_claims_to_be_exact():
+    """``f64_to_bf16_bits_normal`` (the kernels' fast write) equals the exact one-rounding
+    reference wherever ``bf16_outside_normal`` is False, and that flag is False exactly for
+    ±0 and 2^-126 <= |v| < 2^128 (so a kernel rewrites every other row with ``from_f64``)."""
+    from numba import njit
+
+    @njit
+    def route(v, bits, outside):
+        for i in range(v.size):
+            bits[i] = hb.f64_to_bf16_bits_normal(v[i])
+            outside[i] = hb.bf16_outside_normal(v[i])
+
+    v = _float64_probes("bfloat16")
+    bits = np.empty(v.size, np.int16)
+    outside = np.empty(v.size, np.bool_)
+    route(v, bits, outside)
+    with np.errstate(invalid="ignore"):
+        a = np.abs(v)
+        want_outside = ~((a == 0) | ((a >= 2.0**-126) & (a < 2.0**128)))
+    assert np.array_equal(outside, want_outside)
+    inside = ~outside
+    assert inside.sum() > v.size // 2  # the probes mostly test the route, not the flag
+    _bits_equal(bits[inside], _round_f64_reference(v[inside], "bfloat16"),
+                "bfloat16 normal route")
+    assert np.array_equal(np.signbit(bits[v == 0].view(BF16)), np.signbit(v[v == 0]))
+
+
+@pytest.mark.skipif(not hb.F16C, reason="the CPU Numba compiles for has no F16C")
+def test_float16_hardware_decode_every_pattern():
+    """F16C's float16 -> float32 (what ``to_f64`` uses when available) equals NumPy for every
+    non-NaN pattern bit for bit; a NaN stays a NaN with its sign (signalling ones come back
+    quiet, as float64 widening makes them in ``to_f64`` anyway)."""
+    from numba import njit
+
+    @njit
+    def decode_hw(b, out):
+        for i in range(b.size):
+            out[i] = hb.f16_bits_to_f32_hw(b[i])
+
+    got = np.empty(ALL.size, np.float32)
+    decode_hw(ALL, got)
+    want = ALL.view(np.float16).astype(np.float32)
+    nan = np.isnan(want)
+    assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+    assert np.isnan(got[nan]).all()
+    assert np.array_equal(np.signbit(got[nan]), np.signbit(want[nan]))

@@ -77,8 +77,15 @@ Numerical contract
   (transposed); the kernels walk the strides. Only a layout that cannot be expressed this way
   (three or more non-mergeable leading groups, or permuted normalised dims) is copied first.
 - Half precision: float16/bfloat16 arrays are passed as 16-bit integer views (no copy) and
-  converted per element in registers (``_halfbits``). Complex inputs are not supported here
-  (use the oracle).
+  converted per element in registers (``_halfbits``): float16 -> float64 by the CPU's F16C
+  conversion where Numba's target has it (the integer route otherwise; same values). The
+  default kernels write a bfloat16 row with ``from_f64_normal``, integer arithmetic on the
+  float64 bits that rounds once exactly like ``from_f64`` for ±0 and 2^-126 <= |v| < 2^128,
+  and flag any other value (a bfloat16 subnormal, overflow, inf, NaN); a flagged row is
+  written again with ``from_f64`` (``_rms_write_general``, ``_bwd_dx_exact``), so every element
+  keeps the one-rounding contract above. float16 rows are written by ``from_f64`` directly
+  (subnormal float16 outputs are common enough that rows would be rewritten often). Complex
+  inputs are not supported here (use the oracle).
 - Threads: kernels are ``nogil``; two Python threads may call them at once. Numba's "workqueue"
   threading layer cannot run two parallel regions at once, so when it is the active layer the
   launches are serialised with a lock (the default here is OpenMP/TBB, which need none).
@@ -120,7 +127,14 @@ from rmsref._shapes import (
     resolve_rounding,
     stat_shape,
 )
-from rmsref.kernels._halfbits import BF16_BITS, F16_BITS, from_f64, to_f64
+from rmsref.kernels._halfbits import (
+    BF16_BITS,
+    F16_BITS,
+    from_f64,
+    from_f64_normal,
+    outside_normal,
+    to_f64,
+)
 from rmsref.layernorm import LayerNormGrads
 from rmsref.rmsnorm import AddRMSNormGrads, RMSNormGrads
 
@@ -307,20 +321,28 @@ def _rms_write(x3, b, i, w, bias, has_bias, y3, rstd_s, k):
     """y_j = (x_j·rstd)·w'_j (+ b_j), rounded once. Eqs. (3)-(4). Unswitched by hand so the
     common loop has no per-element branch."""
     if k == 0 and not has_bias:
+        outside = False
         for j in range(x3.shape[2]):
-            y3[b, i, j] = from_f64(to_f64(x3[b, i, j]) * rstd_s * w[j], y3)
+            yj = to_f64(x3[b, i, j]) * rstd_s * w[j]
+            y3[b, i, j] = from_f64_normal(yj, y3)
+            outside |= outside_normal(yj, y3)
+        if outside:  # a rare half row: written again, rounded by from_f64
+            _rms_write_general(x3, b, i, w, bias, False, y3, rstd_s, 0)
     else:
         _rms_write_general(x3, b, i, w, bias, has_bias, y3, rstd_s, k)
 
 
 @njit(nogil=True, cache=True)
 def _rms_write_general(x3, b, i, w, bias, has_bias, y3, rstd_s, k):
-    """The rows of ``_rms_write`` with a bias or a scale 2^-k (not inlined: every forward
-    kernel would compile these loops again: they took half of forward v4's compile time)."""
+    """The rows of ``_rms_write`` with a bias or a scale 2^-k, and the half rows that
+    ``from_f64_normal`` could not round (not inlined: every forward kernel would compile these
+    loops again: they took half of forward v4's compile time). Same y values as the common
+    loop, rounded by ``from_f64``, which is exact for every value."""
     n = x3.shape[2]
     if k == 0:
         for j in range(n):
-            y3[b, i, j] = from_f64(to_f64(x3[b, i, j]) * rstd_s * w[j] + bias[j], y3)
+            v = to_f64(x3[b, i, j]) * rstd_s * w[j]
+            y3[b, i, j] = from_f64(v + bias[j] if has_bias else v, y3)
     else:
         for j in range(n):
             v = math.ldexp(to_f64(x3[b, i, j]), -k) * rstd_s * w[j]
@@ -342,18 +364,25 @@ def _write_and_sumsq(x3, b, i, w, y3, rstd_s, b1, i1):
     lanes of ``_sumsq_v3``, in the same order (so the same bits as ``_sumsq_v3``; v4)."""
     n = x3.shape[2]
     acc = np.zeros(LANES)
+    outside = False  # whether a y_j needs ``from_f64`` (see ``_rms_write``)
     n64 = n - n % LANES
     for j0 in range(0, n64, LANES):
         for lane in range(LANES):
             j = j0 + lane
-            y3[b, i, j] = from_f64(to_f64(x3[b, i, j]) * rstd_s * w[j], y3)  # (3)-(4)
+            yj = to_f64(x3[b, i, j]) * rstd_s * w[j]  # (3)-(4)
+            y3[b, i, j] = from_f64_normal(yj, y3)
+            outside |= outside_normal(yj, y3)
             v = to_f64(x3[b1, i1, j])
             acc[lane] += v * v  # (1) of the next row
     for lane in range(n - n64):
         j = n64 + lane
-        y3[b, i, j] = from_f64(to_f64(x3[b, i, j]) * rstd_s * w[j], y3)
+        yj = to_f64(x3[b, i, j]) * rstd_s * w[j]
+        y3[b, i, j] = from_f64_normal(yj, y3)
+        outside |= outside_normal(yj, y3)
         v = to_f64(x3[b1, i1, j])
         acc[lane] += v * v
+    if outside:  # a rare half row: written again, rounded by from_f64 (w: an unread bias)
+        _rms_write_general(x3, b, i, w, w, False, y3, rstd_s, 0)
     return _lane_tree(acc)
 
 
@@ -469,23 +498,40 @@ def _bwd_row_and_dot(g3, x3, b, i, w, rstd_s, c, dx3, dw_parts, p, b1, i1):
     same order (so the same bits as ``_dot_v3``; v4)."""
     n = x3.shape[2]
     acc = np.zeros(LANES)
+    outside = False  # whether a dx_j needs ``from_f64`` (see ``_bwd_dx_exact``)
     n64 = n - n % LANES
     for j0 in range(0, n64, LANES):
         for lane in range(LANES):
             j = j0 + lane
             g = to_f64(g3[b, i, j])
             xhat = to_f64(x3[b, i, j]) * rstd_s  # (3)
-            dx3[b, i, j] = from_f64(rstd_s * (g * w[j] - xhat * c), dx3)  # (5), (7)
+            dxj = rstd_s * (g * w[j] - xhat * c)  # (5), (7)
+            dx3[b, i, j] = from_f64_normal(dxj, dx3)
+            outside |= outside_normal(dxj, dx3)
             dw_parts[p, j] += g * xhat  # (8)
             acc[lane] += (to_f64(g3[b1, i1, j]) * w[j]) * to_f64(x3[b1, i1, j])  # next row
     for lane in range(n - n64):
         j = n64 + lane
         g = to_f64(g3[b, i, j])
         xhat = to_f64(x3[b, i, j]) * rstd_s
-        dx3[b, i, j] = from_f64(rstd_s * (g * w[j] - xhat * c), dx3)
+        dxj = rstd_s * (g * w[j] - xhat * c)
+        dx3[b, i, j] = from_f64_normal(dxj, dx3)
+        outside |= outside_normal(dxj, dx3)
         dw_parts[p, j] += g * xhat
         acc[lane] += (to_f64(g3[b1, i1, j]) * w[j]) * to_f64(x3[b1, i1, j])
+    if outside:
+        _bwd_dx_exact(g3, x3, b, i, w, rstd_s, c, dx3)
     return _lane_tree(acc)
+
+
+@njit(**_SER)
+def _bwd_dx_exact(g3, x3, b, i, w, rstd_s, c, dx3):
+    """Row (b, i)'s dx of ``_bwd_row_and_dot`` again, rounded by ``from_f64`` (a half row with
+    an element outside the format's normal range, as ``_rms_write`` does). Only dx: the
+    dweight terms were added once already."""
+    for j in range(x3.shape[2]):
+        xhat = to_f64(x3[b, i, j]) * rstd_s
+        dx3[b, i, j] = from_f64(rstd_s * (to_f64(g3[b, i, j]) * w[j] - xhat * c), dx3)
 
 
 @njit(**_PAR)

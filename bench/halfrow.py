@@ -1,0 +1,117 @@
+"""Where a half-precision row spends its time: the row helpers of the default Numba CPU kernels,
+timed on one thread with the data in cache, per element.
+
+    python bench/halfrow.py                 # bfloat16, float16, float32 at N = 4096
+    python bench/halfrow.py --n 8192 --rounds 21
+
+A kernel is near the copy's speed when its compute per element hides under the memory traffic;
+this script takes the memory out (two rows of x and dy, a weight row and an output row, reused
+``--reps`` times) so that what is left is the arithmetic and the conversions:
+
+- sumsq: Σx² of a row in the 64 lanes (``_sumsq_v3``): the decode alone, plus a multiply-add.
+- encode exact: y_j = round(x_j·rstd·w_j) written with ``from_f64`` (exact for any value: the
+  float16 write, and the bfloat16 rows that the fast route hands back).
+- fwd row: the forward's pipelined row (``_write_and_sumsq``): write row r, sum row r + 1
+  (bfloat16: ``from_f64_normal``, the integer route).
+- bwd row: the backward's pipelined row (``_bwd_row_and_dot``).
+
+Times are the minimum over interleaved rounds (the machine may be shared), in ns per element.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import numpy as np
+
+import rmsref
+from rmsref.kernels import numba_cpu as K
+from rmsref.kernels._halfbits import from_f64, to_f64
+
+
+def _kernels():
+    from numba import njit
+
+    opts = {"nogil": True, "error_model": "numpy"}
+
+    @njit(**opts)
+    def sumsq(x3, reps):
+        t = 0.0
+        for _ in range(reps):
+            t += K._sumsq_v3(x3, 0, 1, x3.shape[2])
+        return t
+
+    @njit(**opts)
+    def encode_exact(x3, w, y3, reps):
+        for rep in range(reps):
+            rstd = 1.0 + rep * 1e-9
+            for j in range(x3.shape[2]):
+                y3[0, 0, j] = from_f64(to_f64(x3[0, 0, j]) * rstd * w[j], y3)
+
+    @njit(**opts)
+    def fwd_row(x3, w, y3, reps):
+        t = 0.0
+        for rep in range(reps):
+            t += K._write_and_sumsq(x3, 0, 0, w, y3, 1.0 + rep * 1e-9, 0, 1)
+        return t
+
+    @njit(**opts)
+    def bwd_row(g3, x3, w, dx3, parts, reps):
+        t = 0.0
+        for rep in range(reps):
+            t += K._bwd_row_and_dot(g3, x3, 0, 0, w, 1.0 + rep * 1e-9, 0.01, dx3, parts, 0, 0, 1)
+        return t
+
+    return sumsq, encode_exact, fwd_row, bwd_row
+
+
+def measure(dtype: np.dtype, n: int, reps: int, rounds: int) -> dict[str, float]:
+    """ns per element of each helper for ``dtype`` rows of length n (minimum over rounds)."""
+    sumsq, encode_exact, fwd_row, bwd_row = _kernels()
+    rng = np.random.default_rng(0)
+    x3 = K._bits(rng.standard_normal((1, 2, n)).astype(dtype))
+    g3 = K._bits(rng.standard_normal((1, 2, n)).astype(dtype))
+    y3 = np.empty_like(x3)
+    w = rng.standard_normal(n)
+    parts = np.zeros((1, n))
+    calls = {
+        "sumsq": lambda r: sumsq(x3, r),
+        "encode exact": lambda r: encode_exact(x3, w, y3, r),
+        "fwd row": lambda r: fwd_row(x3, w, y3, r),
+        "bwd row": lambda r: bwd_row(g3, x3, w, y3, parts, r),
+    }
+    for call in calls.values():
+        call(1)  # compile
+    best = dict.fromkeys(calls, float("inf"))
+    for _ in range(rounds):
+        for name, call in calls.items():
+            t0 = time.perf_counter()
+            call(reps)
+            best[name] = min(best[name], (time.perf_counter() - t0) / (n * reps) * 1e9)
+    return best
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dtypes", default="bfloat16,float16,float32")
+    p.add_argument("--n", type=int, default=4096, help="row length (a multiple of 64)")
+    p.add_argument("--reps", type=int, default=500, help="calls per timing")
+    p.add_argument("--rounds", type=int, default=15, help="interleaved rounds (minimum)")
+    args = p.parse_args()
+    dtypes = {"bfloat16": rmsref.bfloat16, "float16": np.dtype(np.float16),
+              "float32": np.dtype(np.float32), "float64": np.dtype(np.float64)}
+    print(f"ns per element, one thread, in cache, N = {args.n}, min of {args.rounds} rounds; "
+          f"load average {os.getloadavg()[0]:.2f}")
+    rows = {name: measure(dtypes[name], args.n, args.reps, args.rounds)
+            for name in args.dtypes.split(",")}
+    cols = list(next(iter(rows.values())))
+    print("| dtype | " + " | ".join(cols) + " |")
+    print("|---|" + "---:|" * len(cols))
+    for name, r in rows.items():
+        print(f"| {name} | " + " | ".join(f"{r[c]:.3f}" for c in cols) + " |")
+
+
+if __name__ == "__main__":
+    main()
