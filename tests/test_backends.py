@@ -35,7 +35,10 @@ def _params(per_dtype: bool) -> list:
         for dt in dtypes:
             ident = name if dt is None else f"{name}-{dt}"
             values = (name,) if dt is None else (name, dt)
-            params.append(pytest.param(*values, marks=marks, id=ident))
+            # each further dtype of a compiling backend is a cold compile: slow (CI runs them)
+            extra = [pytest.mark.slow] if backends.spec(name).compiles and dt in (
+                "float16", "float64") else []
+            params.append(pytest.param(*values, marks=marks + extra, id=ident))
     return params
 
 
