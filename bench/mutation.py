@@ -3,6 +3,8 @@
     python bench/mutation.py --quick               # a fixed random sample of mutants (CI)
     python bench/mutation.py --full                # every mutant of every module (hours)
     python bench/mutation.py --full --module rmsref/_sumsq.py --module rmsref/tolerance.py
+    python bench/mutation.py --full --module rmsref/_sumsq.py --tests tests/test_sumsq.py --keep
+    python bench/mutation.py --report --workdir DIR  # the table of a kept copy's runs
 
 A mutant is the package with one small change (``+`` for ``-``, ``<`` for ``<=``, a constant
 nudged, an argument dropped). The tests *kill* it when at least one fails; a mutant that passes
@@ -59,6 +61,7 @@ QUICK_TESTS = [
     "tests/test_rmsnorm.py", "tests/test_layernorm_unitnorm.py", "tests/test_add_rms_norm.py",
     "tests/test_column_sum.py", "tests/test_tolerance.py", "tests/test_bounds_tight.py",
     "tests/test_conventions.py", "tests/test_out.py", "tests/test_mutation_survivors.py",
+    "tests/test_sumsq.py",
 ]
 
 
@@ -205,6 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the --quick sample")
     parser.add_argument("--module", action="append", default=None,
                         help="a module to mutate (repeatable; default: pyproject's only_mutate)")
+    parser.add_argument("--tests", action="append", default=None,
+                        help="a test file mutmut picks from (repeatable; default: --quick's "
+                             "selection with --quick, pyproject's otherwise); a narrower "
+                             "selection is faster but may let mutants survive that others kill")
     parser.add_argument("--keep", action="store_true", help="keep the scratch copy")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="reuse a scratch copy kept by --keep (its mutants and test stats)")
@@ -217,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     quick = args.quick and not args.module
     modules = args.module or (QUICK_MODULES if quick else configured_modules())
     t0 = time.perf_counter()
-    work = args.workdir or scratch_copy(modules, QUICK_TESTS if quick else None)
+    tests = args.tests or (QUICK_TESTS if quick else None)
+    work = args.workdir or scratch_copy(modules, tests)
     try:
         names = sorted(statuses(work)) if args.workdir else generate(work)
         names = [n for n in names if module_of(n) in {_dotted(m) for m in modules}]
@@ -236,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
                     else "--report" if args.report else "--full")
         if args.module:
             mode_str += "".join(f" --module {m}" for m in args.module)
+        if args.tests:
+            mode_str += "".join(f" --tests {t}" for t in args.tests)
         text = table(names, result, equivalent, work, mode_str, time.perf_counter() - t0)
         if args.note:
             text = text.replace("\n\n| module", f"\n\n{args.note}\n\n| module", 1)
