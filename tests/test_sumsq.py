@@ -64,6 +64,22 @@ def test_each_row_is_scaled_by_its_own_exponent(rng, norm, complex_):
         assert np.all(rstd.imag != 0)
 
 
+@pytest.mark.parametrize("exponent", [997, -997, 600, -600])
+def test_layer_norm_rescales_the_centred_values_whatever_their_size(rng, exponent):
+    """LayerNorm finds a second exponent for x − mu, in units of the first scale. A centred row
+    whose largest |x − mu| lies in [0.5, 1) in those units has frexp exponent 0, the same as an
+    all-zero row: it must still be shifted by the row's scale (it once was not: y was 0 at
+    2**997 and inf at 2**-997). The pattern below has mu = 0 and max |x| = 0.75; the random rows
+    hit the same case about as often as not."""
+    pattern = np.array([[0.75, -0.75, 0.6, -0.6]])
+    a = np.concatenate([np.tile(pattern, 4), rng.standard_normal((40, 16))])  # (41, 16)
+    y, mu, rstd = rmsref.layer_norm_forward(np.ldexp(a, exponent), 16, eps=0.0)
+    y_unit, mu_unit, rstd_unit = rmsref.layer_norm_forward(a, 16, eps=0.0)
+    np.testing.assert_array_equal(y, y_unit)
+    np.testing.assert_array_equal(mu, np.ldexp(mu_unit, exponent))
+    np.testing.assert_array_equal(rstd, np.ldexp(rstd_unit, -exponent))
+
+
 @pytest.mark.parametrize("part", ["real", "imag"])
 def test_complex_rows_are_scaled_by_their_larger_part(rng, part):
     """A complex row whose real part is tiny and whose imaginary part is near overflow (and the
@@ -143,3 +159,13 @@ def test_narrow_dtypes_never_need_scaling(dtype):
     largest, smallest = float(fi.max), float(fi.smallest_subnormal)
     assert np.isfinite(2.0**100 * largest * largest) and smallest * smallest > 0
     assert _sumsq.needs_scaling(np.float64) and _sumsq.needs_scaling(np.complex128)
+
+
+def test_row_chunks_hold_chunk_elements(monkeypatch):
+    """Chunks of CHUNK_ELEMENTS // N rows (the oracle's memory bound), at least one row; a row of
+    one feature (or none) counts as one element."""
+    monkeypatch.setattr(_sumsq, "CHUNK_ELEMENTS", 8)
+    assert list(_sumsq.row_chunks(20, 1)) == [slice(0, 8), slice(8, 16), slice(16, 20)]
+    assert list(_sumsq.row_chunks(5, 0)) == [slice(0, 5)]
+    assert list(_sumsq.row_chunks(5, 3)) == [slice(0, 2), slice(2, 4), slice(4, 5)]
+    assert list(_sumsq.row_chunks(2, 100)) == [slice(0, 1), slice(1, 2)]
