@@ -90,6 +90,7 @@ def test_complex_rows_are_scaled_by_their_larger_part(rng, part):
     x = big + 1j * small if part == "real" else small + 1j * big
     y = rmsref.rms_norm(x, n, eps=0.0)
     y_unit = rmsref.rms_norm(np.ldexp(x.real, -1000) + 1j * np.ldexp(x.imag, -1000), n, eps=0.0)
+    assert np.all(np.isfinite(y)) and np.all(np.isfinite(y_unit))
     np.testing.assert_array_equal(y, y_unit)
 
 
