@@ -170,3 +170,15 @@ def test_row_chunks_hold_chunk_elements(monkeypatch):
     assert list(_sumsq.row_chunks(5, 0)) == [slice(0, 5)]
     assert list(_sumsq.row_chunks(5, 3)) == [slice(0, 2), slice(2, 4), slice(4, 5)]
     assert list(_sumsq.row_chunks(2, 100)) == [slice(0, 1), slice(1, 2)]
+
+
+@pytest.mark.parametrize("exponent", [997, 0, -997])
+def test_layer_norm_of_a_constant_row_is_its_bias(exponent):
+    """x − mu = 0 exactly: var = 0, so rstd = 1/sqrt(eps), y = 0 and mu is the constant, at
+    any scale (at 2**997 the centred row has no exponent of its own: it must not inherit x's,
+    which would make eps·2^-2k underflow to 0 and give 0/0)."""
+    c = np.ldexp(0.75, exponent)
+    y, mu, rstd = rmsref.layer_norm_forward(np.full((2, 8), c), 8, eps=1e-5)
+    np.testing.assert_array_equal(y, np.zeros((2, 8)))
+    np.testing.assert_array_equal(mu, np.full((2, 1), c))
+    np.testing.assert_array_equal(rstd, np.full((2, 1), 1 / np.sqrt(1e-5)))

@@ -4,6 +4,7 @@ says how loose it is. Reference: the float64 oracle on the pipeline's own rounde
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -287,3 +288,67 @@ def test_error_model_uses_its_accumulation_dtype_and_reduction():
     assert T.ErrorModel(f16, 64, acc_dtype=np.float16).u_acc == 2.0**-11
     model = T.ErrorModel(f16, 64, reduction="blocked", block=8, lam=3.0)
     assert model.gamma(64) == 3.0 * math.sqrt(8 + 3) * 2.0**-24
+
+
+def test_bounds_are_computed_in_float64_whatever_the_inputs_dtype(rng):
+    """Inputs in float16 (values it holds exactly) give the float64 inputs' bound, bit for bit:
+    with a float32 output, u_out·|v| ~ 2^-24·|v| would underflow in float16 arithmetic."""
+    n = 8
+    a = {k: rng.standard_normal((3, n)).astype(np.float16) for k in ("y", "dx", "dy", "xhat")}
+    a["rstd"] = rng.random(3).astype(np.float16)
+    a["weight"] = rng.standard_normal(n).astype(np.float16)
+    a["dweight"] = rng.standard_normal(n).astype(np.float16)
+    wide = {k: v.astype(np.float64) for k, v in a.items()}
+    need = {"y": ("y",), "dx": ("dx", "dy", "xhat", "rstd", "weight"),
+            "dweight": ("dweight", "dy", "xhat")}
+    for quantity, keys in need.items():
+        got = T.bound(quantity, out_dtype=np.float32, n=n, **{k: a[k] for k in keys})
+        expect = T.bound(quantity, out_dtype=np.float32, n=n, **{k: wide[k] for k in keys})
+        assert got.dtype == np.float64, quantity
+        np.testing.assert_array_equal(got, expect, err_msg=quantity)
+
+
+def test_bound_defaults_to_32_lanes_when_blocked(rng):
+    y = rng.standard_normal(1024)
+    kw = dict(out_dtype=np.float16, n=1024, y=y, reduction="blocked")
+    np.testing.assert_array_equal(T.bound("y", **kw), T.bound("y", block=32, **kw))
+    assert not np.array_equal(T.bound("y", **kw), T.bound("y", block=16, **kw))
+
+
+def test_gamma_k_is_infinite_once_k_u_reaches_one_half():
+    """γ_k = k·u/(1 − k·u) below k·u = 1/2; from there on the first-order bound means nothing
+    and γ_k is inf (not 1 at k·u = 1/2, not a division by zero at k·u = 1)."""
+    u = 2.0**-24
+    assert T.gamma_k(10, np.float32) == 10 * u / (1 - 10 * u)
+    assert T.gamma_k(2**23 - 1, np.float32) == (2**23 - 1) * u / (1 - (2**23 - 1) * u)
+    for k in (2**23, 2**24, 2**30):
+        assert T.gamma_k(k, np.float32) == float("inf"), k
+
+
+def test_unknown_dtypes_and_forms_are_named():
+    with pytest.raises(TypeError) as info:
+        T.unit_roundoff(np.int8)
+    assert str(info.value) == ("no unit roundoff for dtype int8; expected one of float16, "
+                               "bfloat16, float32, float64")
+    with pytest.raises(ValueError) as info:
+        T.gamma_acc(8, form="worst")
+    assert str(info.value) == "form must be 'probabilistic' or 'deterministic', got 'worst'"
+
+
+def test_abs_error_of_finite_and_non_finite_values():
+    """|actual − ref| in float64; a NaN where the reference has one, or the same infinity, is
+    no error; any other non-finite value (or a finite one where the reference is not) is an
+    infinite error, never NaN, so that it fails every bound."""
+    inf, nan = np.inf, np.nan
+    actual = np.array([1.5, -2.0, nan, inf, -inf, nan, inf, 1.0, inf, 1e308], dtype=np.float64)
+    ref = np.array([1.0, -2.5, nan, inf, -inf, 1.0, 1.0, nan, -inf, -1e308])
+    expect = np.array([0.5, 0.5, 0.0, 0.0, 0.0, inf, inf, inf, inf, inf])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the overflow of 1e308 − (−1e308) is expected: no warning
+        got = T.abs_error(actual, ref)
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(got, expect)
+    # half-precision inputs are compared in float64: the difference of two float16 values
+    # near 65504 is not an overflow there
+    half = T.abs_error(np.float16([65504.0, 2.0**-24]), np.float16([-65504.0, 0.0]))
+    np.testing.assert_array_equal(half, [131008.0, 2.0**-24])
