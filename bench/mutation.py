@@ -56,13 +56,13 @@ KILLED = ("killed", "timeout", "suspicious", "segfault")
 #: in a few minutes; gradcheck, identities and the Numba host code (slow tests) are --full only.
 QUICK_MODULES = [
     "rmsref/rmsnorm.py", "rmsref/layernorm.py", "rmsref/unitnorm.py", "rmsref/_sumsq.py",
-    "rmsref/_rounding.py", "rmsref/tolerance.py", "rmsref/conventions.py",
+    "rmsref/_rounding.py", "rmsref/tolerance.py", "rmsref/conventions.py", "rmsref/comparison.py",
 ]
 QUICK_TESTS = [
     "tests/test_rmsnorm.py", "tests/test_layernorm_unitnorm.py", "tests/test_add_rms_norm.py",
     "tests/test_column_sum.py", "tests/test_tolerance.py", "tests/test_bounds_tight.py",
     "tests/test_conventions.py", "tests/test_out.py", "tests/test_mutation_survivors.py",
-    "tests/test_sumsq.py", "tests/test_rounding.py",
+    "tests/test_sumsq.py", "tests/test_rounding.py", "tests/test_comparison.py",
 ]
 
 
