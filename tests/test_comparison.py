@@ -6,6 +6,8 @@ by a known amount), so every figure of a Comparison is known in advance.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -71,7 +73,9 @@ def test_compare_finds_the_planted_error(ref, quantity):
     ok = compare(quantity, got, ref, model)
     assert ok.passed and 0 <= ok.ratio <= 1 and ok.quantity == quantity
     bound = ref.bound(quantity, model)
-    row, col = exact.shape[0] - 1, 4
+    # the element of smallest magnitude: its ulp is not the ulp at 1 (a separate check)
+    row, col = np.unravel_index(np.argmin(np.abs(exact)), exact.shape)
+    assert T.ulp(exact[row, col], np.float32) != T.ulp(1.0, np.float32)
     bad = exact.copy()  # float64: the planted error is exact
     bad[row, col] += 3.0 * bound[row, col]
     c = compare(quantity, bad, ref, model)
@@ -96,9 +100,31 @@ def test_compare_masks_rows_and_scores_non_finite_values(ref):
     keep = np.array([True, False, True, True])
     masked = compare("y", got, ref, model, mask_rows=keep)
     assert masked.passed and masked.ratio == 0.0 and masked.max_abs == 0.0
+    got[3, 0] += 2.0 * ref.bound("y", model)[3, 0]  # a kept row's error still counts
+    masked = compare("y", got, ref, model, mask_rows=keep)
+    assert masked.worst == (3, 0) and masked.ratio == pytest.approx(2.0, rel=1e-8)
 
 
 def test_compare_of_an_exact_result_is_all_zeros(ref):
     c = compare("y", ref.y.reshape(ref.x.shape), ref, T.ErrorModel(np.dtype(np.float32), N, 4))
     assert (c.ratio, c.max_abs, c.max_rel, c.max_ulp) == (0.0, 0.0, 0.0, 0.0)
     assert c.worst == (0, 0) and c.passed
+
+
+def test_compare_where_the_exact_value_is_zero_is_silent_and_finite(rng):
+    """Exact zeros (a zero x gives y = 0; a float64 output's bound there is 0, its atol being
+    below the smallest subnormal): an exact result scores 0 everywhere, not 0/0 = NaN, and a
+    wrong one at such a zero scores inf, with no floating-point warning either way."""
+    x = rng.standard_normal((3, N))
+    x[1] = 0.0
+    ref = Reference(x, (N,), None, 1e-6)
+    model = T.ErrorModel(np.dtype(np.float64), N, 3)
+    assert np.all(ref.bound("y", model)[1] == 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ok = compare("y", ref.y, ref, model)
+        got = ref.y.copy()
+        got[1, 3] = 1e-300
+        bad = compare("y", got, ref, model)
+    assert ok.passed and (ok.ratio, ok.max_rel, ok.max_ulp) == (0.0, 0.0, 0.0)
+    assert bad.ratio == np.inf and bad.max_rel == np.inf and bad.worst == (1, 3)
