@@ -3,6 +3,9 @@
     python bench/mutation.py --quick               # a fixed random sample of mutants (CI)
     python bench/mutation.py --full                # every mutant of every module (hours)
     python bench/mutation.py --full --module rmsref/_sumsq.py --module rmsref/tolerance.py
+    python bench/mutation.py --full --module rmsref/_sumsq.py --tests tests/test_sumsq.py --keep
+    python bench/mutation.py --rerun --workdir DIR   # the survivors again, against today's tests
+    python bench/mutation.py --report --workdir DIR [--workdir DIR2 ...]  # one table of kept runs
 
 A mutant is the package with one small change (``+`` for ``-``, ``<`` for ``<=``, a constant
 nudged, an argument dropped). The tests *kill* it when at least one fails; a mutant that passes
@@ -53,12 +56,13 @@ KILLED = ("killed", "timeout", "suspicious", "segfault")
 #: in a few minutes; gradcheck, identities and the Numba host code (slow tests) are --full only.
 QUICK_MODULES = [
     "rmsref/rmsnorm.py", "rmsref/layernorm.py", "rmsref/unitnorm.py", "rmsref/_sumsq.py",
-    "rmsref/_rounding.py", "rmsref/tolerance.py", "rmsref/conventions.py",
+    "rmsref/_rounding.py", "rmsref/tolerance.py", "rmsref/conventions.py", "rmsref/comparison.py",
 ]
 QUICK_TESTS = [
     "tests/test_rmsnorm.py", "tests/test_layernorm_unitnorm.py", "tests/test_add_rms_norm.py",
     "tests/test_column_sum.py", "tests/test_tolerance.py", "tests/test_bounds_tight.py",
     "tests/test_conventions.py", "tests/test_out.py", "tests/test_mutation_survivors.py",
+    "tests/test_sumsq.py", "tests/test_rounding.py", "tests/test_comparison.py",
 ]
 
 
@@ -138,6 +142,16 @@ def run(work: Path, names: list[str]) -> None:
     mutmut(work, "run", "--max-children", "1", *names)
 
 
+def refresh_tests(work: Path) -> None:
+    """Copy the checkout's tests over a kept scratch copy's (and mutmut's copy of them in
+    ``mutants/``), so that --rerun judges old survivors by the tests written since. mutmut finds
+    the new tests and records which functions they call before it runs a mutant."""
+    for dest in (work / "tests", work / "mutants" / "tests"):
+        if dest.is_dir():
+            shutil.copytree(ROOT / "tests", dest, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("__pycache__"))
+
+
 def diff_line(work: Path, name: str) -> str:
     """The changed line of a mutant, ``- old`` / ``+ new``, for the survivor list."""
     out = mutmut(work, "show", name, check=False)
@@ -149,13 +163,15 @@ def diff_line(work: Path, name: str) -> str:
 
 
 def table(generated: list[str], result: dict[str, str], equivalent: dict[str, str],
-          work: Path, mode: str, seconds: float) -> str:
+          where: dict[str, Path], mode: str, seconds: float) -> str:
+    """The markdown table; ``where``: the scratch copy that ran each mutant (for its diff)."""
     ran = {n: result[n] for n in generated if result.get(n, "not checked") != "not checked"}
     lines = [
         "# Mutation testing",
         "",
-        f"Written by `python bench/mutation.py {mode}` in {seconds / 60:.1f} min "
-        "(see bench/mutation.py). *killed* includes crashes of the test run and timeouts "
+        f"Written by `python bench/mutation.py {mode}`"
+        + ("" if mode.startswith("--report") else f" in {seconds / 60:.1f} min")
+        + " (see bench/mutation.py). *killed* includes crashes of the test run and timeouts "
         "(the tests took over 20x their usual CPU time: a hang, or a mutant that only slows "
         "the oracle down, such as smaller row chunks; counted as caught); "
         "*equivalent*: survivors that cannot change any result (reason below); "
@@ -184,7 +200,7 @@ def table(generated: list[str], result: dict[str, str], equivalent: dict[str, st
         for n in sorted(survivors):
             why = equivalent.get(n)
             status = f"equivalent: {why}" if why else f"**survived** ({ran[n]})"
-            lines.append(f"| {n} | {diff_line(work, n)} | {status} |")
+            lines.append(f"| {n} | {diff_line(where[n], n)} | {status} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -199,31 +215,50 @@ def main(argv: list[str] | None = None) -> int:
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--quick", action="store_true", help="a fixed random sample of mutants")
     mode.add_argument("--full", action="store_true", help="every mutant (hours)")
+    mode.add_argument("--rerun", action="store_true",
+                      help="with --workdir: run its survivors (and mutants no test reached) "
+                           "again, against the checkout's current tests")
     mode.add_argument("--report", action="store_true",
                       help="only write the table of what --workdir's runs have checked")
     parser.add_argument("--sample", type=int, default=24, help="mutants in --quick (24)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the --quick sample")
     parser.add_argument("--module", action="append", default=None,
                         help="a module to mutate (repeatable; default: pyproject's only_mutate)")
+    parser.add_argument("--tests", action="append", default=None,
+                        help="a test file mutmut picks from (repeatable; default: --quick's "
+                             "selection with --quick, pyproject's otherwise); a narrower "
+                             "selection is faster but may let mutants survive that others kill")
     parser.add_argument("--keep", action="store_true", help="keep the scratch copy")
-    parser.add_argument("--workdir", type=Path, default=None,
-                        help="reuse a scratch copy kept by --keep (its mutants and test stats)")
+    parser.add_argument("--workdir", type=Path, action="append", default=None,
+                        help="reuse a scratch copy kept by --keep (its mutants and test stats); "
+                             "--report takes several (copies that ran different modules)")
     parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument("--note", default="", help="a paragraph for the table's header")
     args = parser.parse_args(argv)
 
-    if args.report and not args.workdir:
-        parser.error("--report needs --workdir (a scratch copy kept by --keep)")
+    if (args.report or args.rerun) and not args.workdir:
+        parser.error("--report and --rerun need --workdir (a scratch copy kept by --keep)")
+    if args.workdir and len(args.workdir) > 1 and not args.report:
+        parser.error("only --report takes more than one --workdir")
     quick = args.quick and not args.module
     modules = args.module or (QUICK_MODULES if quick else configured_modules())
     t0 = time.perf_counter()
-    work = args.workdir or scratch_copy(modules, QUICK_TESTS if quick else None)
+    tests = args.tests or (QUICK_TESTS if quick else None)
+    work = args.workdir[0] if args.workdir else scratch_copy(modules, tests)
+    wanted = {_dotted(m) for m in modules}
     try:
-        names = sorted(statuses(work)) if args.workdir else generate(work)
-        names = [n for n in names if module_of(n) in {_dotted(m) for m in modules}]
+        where = {}
+        for w in args.workdir or [work]:
+            mine = sorted(statuses(w)) if args.workdir else generate(w)
+            where.update({n: w for n in mine if module_of(n) in wanted})
+        names = sorted(where)
         chosen = names
         if args.quick:
             chosen = sorted(random.Random(args.seed).sample(names, min(args.sample, len(names))))
+        if args.rerun:
+            refresh_tests(work)
+            before = statuses(work)
+            chosen = [n for n in names if before.get(n) in ("survived", "no tests")]
         if args.report:
             chosen = []
         print(f"{len(names)} mutants generated in {len(modules)} modules; running {len(chosen)}",
@@ -231,12 +266,16 @@ def main(argv: list[str] | None = None) -> int:
         if chosen:
             run(work, chosen)
         equivalent = tomllib.loads(EQUIVALENT.read_text()) if EQUIVALENT.exists() else {}
-        result = statuses(work)
+        result = {}
+        for w in args.workdir or [work]:
+            result.update(statuses(w))
         mode_str = (f"--quick --sample {args.sample} --seed {args.seed}" if args.quick
-                    else "--report" if args.report else "--full")
+                    else "--report" if args.report else "--rerun" if args.rerun else "--full")
         if args.module:
             mode_str += "".join(f" --module {m}" for m in args.module)
-        text = table(names, result, equivalent, work, mode_str, time.perf_counter() - t0)
+        if args.tests:
+            mode_str += "".join(f" --tests {t}" for t in args.tests)
+        text = table(names, result, equivalent, where, mode_str, time.perf_counter() - t0)
         if args.note:
             text = text.replace("\n\n| module", f"\n\n{args.note}\n\n| module", 1)
         args.output.parent.mkdir(parents=True, exist_ok=True)

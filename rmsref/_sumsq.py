@@ -58,7 +58,8 @@ def row_exponents(
     amax = np.max(mag, axis=-1, keepdims=True)  # (M, 1)
     _, e = np.frexp(amax)  # amax = f * 2**e, f in [0.5, 1); e = 0 for 0, inf, nan
     if scaled_by is not None:
-        e = np.where(e != 0, e + scaled_by, 0)
+        # e = 0 also for amax in [0.5, 1): shift by the rows' scale unless amax is 0, inf or nan
+        e = np.where((amax != 0) & np.isfinite(amax), e + scaled_by, 0)
     k = np.where(np.abs(e) > SAFE_EXPONENT, e, 0)
     if eps != 0.0:
         k = np.maximum(k, int(np.ceil((np.log2(abs(eps)) - 1000) / 2)))

@@ -254,3 +254,107 @@ def test_each_convention_owns_its_error_model():
     assert C.get("llama").k_out == 2 and C.get("torch").k_out == 1
     assert C.get("native").error_model(np.float16, 8).acc_dtype == np.float16
     assert C.get("torch").error_model(np.float16, 8).acc_dtype == np.float32
+
+
+def test_error_model_passes_dtype_rows_and_form_on():
+    """error_model(dtype, n, rows, form) is the tolerance ErrorModel of those values, with the
+    convention's k_out and accumulation dtype; rows defaults to 1 and counts at least one."""
+    from rmsref import tolerance as T
+
+    llama = C.get("llama")
+    assert llama.error_model(bfloat16, 64) == T.ErrorModel(bfloat16, 64, 1, np.dtype(np.float32),
+                                                            2, form="probabilistic")
+    model = llama.error_model(np.float16, 64, rows=0, form="deterministic")
+    assert model == T.ErrorModel(np.dtype(np.float16), 64, 1, np.dtype(np.float32), 2,
+                                 form="deterministic")
+    assert model.out_dtype == np.float16 and model.rows == 1
+
+
+def test_torch_with_offset_one_is_gemma(rng):
+    """torch's epilogue with offset = 1 forms (w + 1) in fp32 and rounds once: the gemma formula
+    y = R_in((f32(x)·rstd)·(1 + f32(w))), bit for bit; without the offset it is x̂·w."""
+    for dt in (bfloat16, np.dtype(np.float16)):
+        x, w = data(rng, 8, 48, dt)
+        assert same_bits(C.emulate("torch", x, w, 1e-6, offset=1.0), C.emulate("gemma", x, w, 1e-6))
+        assert same_bits(C.emulate("torch", x, w, 1e-6, offset=0.0), C.emulate("torch", x, w, 1e-6))
+        assert not same_bits(C.emulate("torch", x, w, 1e-6, offset=1.0),
+                             C.emulate("torch", x, w, 1e-6))
+
+
+def test_fused_div_rounds_rstd_twice(rng):
+    """fused_fp32_div: R(1/R(sqrt(ms + eps))) in float32, the formula written out here; it
+    differs from the one-rounding rsqrt of fused_fp32 in some rows."""
+    x, w = data(rng, 256, 64, np.dtype(np.float32))
+    x64 = x.astype(np.float64)
+    ms = np.mean(x64 * x64, axis=1, keepdims=True).astype(np.float32)
+    s = ms + np.float32(1e-5)                                  # float32 + float32: rounded
+    rstd = np.float32(1.0) / np.sqrt(s)                         # sqrt rounded, then 1/·
+    assert rstd.dtype == np.float32
+    expect = (x * rstd * w).astype(np.float32)
+    got = C.emulate("fused_fp32_div", x, w, 1e-5)
+    assert same_bits(got, expect)
+    assert not same_bits(got, C.emulate("fused_fp32", x, w, 1e-5))
+
+
+def test_unknown_convention_lists_the_known_ones():
+    with pytest.raises(ValueError) as info:
+        C.get("pytorch")
+    assert str(info.value) == f"unknown convention 'pytorch'; known: {', '.join(C.names())}"
+
+
+def test_promotion_of_weight_and_input_dtypes():
+    f16, f32, f64 = (np.dtype(t) for t in (np.float16, np.float32, np.float64))
+    assert C.promote(f16, bfloat16) == C.promote(bfloat16, f16) == f32
+    assert C.promote(bfloat16, f32) == C.promote(f32, bfloat16) == f32
+    assert C.promote(f16, f64) == f64 and C.promote(bfloat16, bfloat16) == bfloat16
+
+
+# ---- each rule is its documented formula, written out here in NumPy -----------------------------
+
+
+def _ms(xf):
+    """R_f32(mean(x²)): x² and the mean in float64, rounded once to float32."""
+    x64 = xf.astype(np.float64)
+    return np.mean(x64 * x64, axis=1, keepdims=True).astype(np.float32)
+
+
+def _rsqrt(s):
+    return (1.0 / np.sqrt(s.astype(np.float64))).astype(np.float32)
+
+
+def _by_hand(name, x, w, eps, partial=None):
+    f32 = np.float32
+    xf, wf = x.astype(f32), w.astype(f32)
+    if name == "paper":  # y = R_in(R(f32(x)/R(rms + eps))·f32(w)), rms over the first k features
+        k = x.shape[1] if partial is None else max(int(np.floor(x.shape[1] * partial)), 1)
+        d = np.sqrt(_ms(xf[:, :k])) + f32(eps)
+        return ((xf / d) * wf).astype(x.dtype)
+    if name == "native":  # every step rounded to t; squares rounded to t, summed in fp32
+        t = x.dtype
+        sq = (xf * xf).astype(t).astype(f32)
+        ms = (np.sum(sq, axis=1, keepdims=True, dtype=f32) / f32(x.shape[1])).astype(t)
+        r = _rsqrt((ms.astype(f32) + f32(eps)).astype(t)).astype(t)
+        h = (xf * r.astype(f32)).astype(t)
+        return (h.astype(f32) * wf).astype(t)  # w has x's dtype here
+    r = _rsqrt(_ms(xf) + f32(eps))
+    if name == "flax":  # y = R_out(f32(x)·R(rstd·scale)), out = result_type(x, scale)
+        return (xf * (r * wf)).astype(C.promote(x.dtype, w.dtype))
+    if name == "t5":  # h = f32(x)·rstd, rounded to w's dtype when half; y = w·h
+        h = (xf * r).astype(w.dtype)
+        return (wf * h.astype(f32)).astype(w.dtype)
+    if name == "gemma_wdtype":  # y = R_in(f32(x)·rstd·f32(R_w(1 + w)))
+        scale = (wf + f32(1.0)).astype(w.dtype).astype(f32)
+        return ((xf * r) * scale).astype(x.dtype)
+    raise AssertionError(name)
+
+
+@pytest.mark.parametrize("name", ["paper", "native", "flax", "t5", "gemma_wdtype"])
+@pytest.mark.parametrize("dname", ["bfloat16", "float16"])
+def test_rule_is_its_documented_formula(name, dname, rng):
+    x, w = data(rng, 16, 40, DTS[dname])
+    eps = 1e-3  # large enough that an eps placed or scaled wrongly shows
+    got = C.emulate(name, x, w, eps)
+    assert same_bits(got, _by_hand(name, x, w, eps)), name
+    if name == "paper":
+        assert same_bits(C.emulate(name, x, w, eps, partial=0.25),
+                         _by_hand(name, x, w, eps, partial=0.25))

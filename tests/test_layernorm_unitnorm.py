@@ -114,3 +114,18 @@ def test_module_classes():
     x = np.arange(16.0).reshape(2, 8)
     np.testing.assert_array_equal(un(x), rmsref.unit_norm(x, 8, un.weight))
     assert ln.backward(np.ones((3, 2, 4)), np.ones((3, 2, 4)) * np.arange(4)).dbias.shape == (2, 4)
+
+
+def test_unit_norm_backward_names_the_argument_it_refuses():
+    """A bias of the wrong shape is named 'bias'; an out= that overlaps the weight is refused
+    naming 'weight' (writing dx there would change the weight while it is still read)."""
+    x = np.ones((2, 4))
+    with pytest.raises(ValueError) as info:
+        rmsref.unit_norm_backward(x, x, 4, np.ones(4), bias=np.ones(3))
+    assert str(info.value) == "bias has shape (3,) but normalized_shape is (4,)"
+    out = np.zeros((2, 4))
+    weight = out[0]  # a view of out's first row
+    weight[:] = 1.0
+    with pytest.raises(ValueError) as info:
+        rmsref.unit_norm_backward(x, x, 4, weight, out=out)
+    assert str(info.value).startswith("out shares memory with weight;")

@@ -3,6 +3,9 @@ says how loose it is. Reference: the float64 oracle on the pipeline's own rounde
 
 from __future__ import annotations
 
+import math
+import warnings
+
 import numpy as np
 import pytest
 
@@ -167,3 +170,185 @@ def test_bounds_hold_for_torch_up_to_65536(rng):
             dx, dw = bwd(dy, x, n, w, 1e-6)
             r = ratios((y, dx, dw), exact(x, w, dy, 1e-6), dt, "probabilistic", 4)
             assert max(r) <= 1.0, f"torch {dname} N={n}: {r}"
+
+
+# ------------------------------------------------- the bounds are the documented formulas, exactly
+
+
+def _bounds_by_hand(model, y, dx, dw, dy, xhat, rstd, w):
+    """Eqs. (y), (dx), (dw) of the module docstring, written out in plain float64 loops.
+
+    ``model``: (u_out, u_acc, n, rows, k_out, gamma) with gamma(m) the accumulation bound."""
+    u_out, u_acc, n, rows, k_out, gamma = model
+    atol = k_out * T.underflow_atol(np.float16)
+    rho = 0.5 * gamma(n) + 3.0 * u_acc
+    g, xh = dy.reshape(-1, n), xhat.reshape(-1, n)
+    wf = np.ravel(w)
+    by = (k_out * u_out + 0.5 * gamma(n) + 5.0 * u_acc) * np.abs(y) + atol
+    dx_rel = 3.0 * rho + gamma(n) + T.C_DX * u_acc + 2.0 * (k_out - 1) * u_out
+    bdx = np.zeros_like(g)
+    for i in range(g.shape[0]):
+        s = sum(abs(xh[i, j] * wf[j] * g[i, j]) for j in range(n)) / n
+        for j in range(n):
+            m_ij = float(np.ravel(rstd)[i]) * (abs(wf[j] * g[i, j]) + abs(xh[i, j]) * s)
+            bdx[i, j] = dx_rel * m_ij + k_out * u_out * abs(dx.reshape(-1, n)[i, j]) + atol
+    dw_rel = gamma(rows) + rho + 2.0 * u_acc + 2.0 * (k_out - 1) * u_out
+    bdw = np.zeros(n)
+    for j in range(n):
+        s = sum(abs(g[i, j] * xh[i, j]) for i in range(g.shape[0]))
+        bdw[j] = dw_rel * s + k_out * u_out * abs(np.ravel(dw)[j]) + atol
+    return by, bdx.reshape(dx.shape), bdw.reshape(dw.shape)
+
+
+@pytest.mark.parametrize("k_out", [1, 2])
+def test_bounds_are_the_documented_formulas(rng, k_out):
+    """tolerance.bound against eqs. (y), (dx), (dw) by hand, for a float16 output summed in
+    float16 (acc_dtype given), blocked sums and the deterministic form, a weight and a 2-D
+    normalized shape (3, 4): every factor of every equation shows in the result. The inputs are
+    float16, as an implementation's would be: the bound is still computed in float64."""
+    shape, n, rows = (3, 4), 12, 5
+    x = rng.standard_normal((rows, *shape))
+    w = (1 + 0.5 * rng.standard_normal(shape)).astype(np.float16)
+    dy = rng.standard_normal((rows, *shape)).astype(np.float16)
+    y, rstd = rmsref.rms_norm_forward(x, shape, w.astype(np.float64), 0.0)
+    gr = rmsref.rms_norm_backward(dy.astype(np.float64), x, shape, w.astype(np.float64), 0.0)
+    xhat = (x * rstd).astype(np.float16)  # half inputs everywhere
+    y, dx, dw, rstd = (a.astype(np.float16) for a in (y, gr.dx, gr.dweight, rstd))
+    options = dict(out_dtype=np.float16, n=n, acc_dtype=np.float16, k_out=k_out,
+                   reduction="blocked", block=4, form="deterministic")
+    got = (T.bound("y", y=y, **options),
+           T.bound("dx", dx=dx, dy=dy, xhat=xhat, rstd=rstd, weight=w, **options),
+           T.bound("dweight", rows=rows, dweight=dw, dy=dy, xhat=xhat, **options))
+
+    u16 = 2.0**-11
+    def gamma(m):  # blocked over 4 lanes, deterministic: γ_k of the depth, in float16
+        depth = math.ceil(m / 4) + 2
+        return depth * u16 / (1 - depth * u16)
+
+    f64 = [a.astype(np.float64) for a in (y, dx, dw, dy, xhat, rstd, w)]
+    expect = _bounds_by_hand((u16, u16, n, rows, k_out, gamma), *f64)
+    for name, b, e, like in zip(("y", "dx", "dweight"), got, expect, (y, dx, dw), strict=True):
+        assert b.dtype == np.float64 and b.shape == like.shape, name
+        np.testing.assert_allclose(b, e, rtol=1e-13, atol=0, err_msg=name)
+
+
+def test_dx_bound_without_a_weight_is_the_unit_weight_bound(rng):
+    n = 8
+    dy, xhat, rstd = rng.standard_normal((3, n)), rng.standard_normal((3, n)), rng.random(3)
+    dx = rng.standard_normal((3, n))
+    kw = dict(out_dtype=np.float32, n=n, dx=dx, dy=dy, xhat=xhat, rstd=rstd)
+    np.testing.assert_array_equal(T.bound("dx", **kw), T.bound("dx", weight=np.ones(n), **kw))
+    assert not np.array_equal(T.bound("dx", **kw), T.bound("dx", weight=np.full(n, 2.0), **kw))
+
+
+@pytest.mark.parametrize(
+    ("quantity", "given", "message"),
+    [
+        ("y", {}, "bound('y', ...) needs the exact y"),
+        ("dx", {"dy", "xhat", "rstd"}, "bound('dx', ...) needs dx, dy, xhat and rstd"),
+        ("dx", {"dx", "xhat", "rstd"}, "bound('dx', ...) needs dx, dy, xhat and rstd"),
+        ("dx", {"dx", "dy", "rstd"}, "bound('dx', ...) needs dx, dy, xhat and rstd"),
+        ("dx", {"dx", "dy", "xhat"}, "bound('dx', ...) needs dx, dy, xhat and rstd"),
+        ("dweight", {"dy", "xhat"}, "bound('dweight', ...) needs dweight, dy and xhat"),
+        ("dweight", {"dweight", "xhat"}, "bound('dweight', ...) needs dweight, dy and xhat"),
+        ("dweight", {"dweight", "dy"}, "bound('dweight', ...) needs dweight, dy and xhat"),
+        ("dxhat", {"dx"}, "quantity must be 'y', 'dx' or 'dweight', got 'dxhat'"),
+    ],
+)
+def test_bound_names_each_missing_input(quantity, given, message):
+    """Any one missing input is refused, with a message that says what the quantity needs."""
+    arrays = {k: np.ones((2, 4)) for k in given}
+    arrays = {k: (np.ones(2) if k == "rstd" else np.ones(4) if k == "dweight" else v)
+              for k, v in arrays.items()}
+    with pytest.raises(ValueError) as info:
+        T.bound(quantity, out_dtype=np.float32, n=4, **arrays)
+    assert str(info.value) == message
+
+
+def test_effective_length_at_the_edges():
+    """The depth of a sum's error chain: one term is depth 1 whatever the reduction; a single
+    lane is a sequential sum; two lanes halve it (plus one combining step); the default is
+    32 lanes, sequential."""
+    assert T.effective_length(1) == T.effective_length(0) == 1
+    assert T.effective_length(100) == 100
+    assert T.effective_length(1, "pairwise") == T.effective_length(2, "pairwise") == 1
+    assert T.effective_length(100, "blocked", block=1) == 100
+    assert T.effective_length(100, "blocked", block=0) == 100
+    assert T.effective_length(100, "blocked", block=2) == 50 + 1
+    assert T.effective_length(1024, "blocked") == 32 + 5
+    u = 2.0**-24
+    assert T.gamma_acc(1024, reduction="blocked") == 6.0 * math.sqrt(37) * u
+
+
+def test_error_model_uses_its_accumulation_dtype_and_reduction():
+    """acc_dtype overrides the default (float32 for half outputs); gamma follows the model's
+    reduction, block and lam."""
+    f16 = np.dtype(np.float16)
+    assert T.ErrorModel(f16, 64).u_acc == 2.0**-24
+    assert T.ErrorModel(f16, 64, acc_dtype=np.float16).u_acc == 2.0**-11
+    model = T.ErrorModel(f16, 64, reduction="blocked", block=8, lam=3.0)
+    assert model.gamma(64) == 3.0 * math.sqrt(8 + 3) * 2.0**-24
+
+
+def test_bounds_are_computed_in_float64_whatever_the_inputs_dtype(rng):
+    """Inputs in float16 (values it holds exactly) give the float64 inputs' bound, bit for bit:
+    with a float32 output, u_out·|v| ~ 2^-24·|v| would underflow in float16 arithmetic."""
+    n = 8
+    a = {k: rng.standard_normal((3, n)).astype(np.float16) for k in ("y", "dx", "dy", "xhat")}
+    a["rstd"] = rng.random(3).astype(np.float16)
+    a["weight"] = rng.standard_normal(n).astype(np.float16)
+    a["dweight"] = rng.standard_normal(n).astype(np.float16)
+    wide = {k: v.astype(np.float64) for k, v in a.items()}
+    need = {"y": ("y",), "dx": ("dx", "dy", "xhat", "rstd", "weight"),
+            "dweight": ("dweight", "dy", "xhat")}
+    for quantity, keys in need.items():
+        got = T.bound(quantity, out_dtype=np.float32, n=n, **{k: a[k] for k in keys})
+        expect = T.bound(quantity, out_dtype=np.float32, n=n, **{k: wide[k] for k in keys})
+        assert got.dtype == np.float64, quantity
+        np.testing.assert_array_equal(got, expect, err_msg=quantity)
+
+
+def test_bound_defaults_to_32_lanes_when_blocked(rng):
+    y = rng.standard_normal(1024)
+    kw = dict(out_dtype=np.float16, n=1024, y=y, reduction="blocked")
+    np.testing.assert_array_equal(T.bound("y", **kw), T.bound("y", block=32, **kw))
+    assert not np.array_equal(T.bound("y", **kw), T.bound("y", block=16, **kw))
+
+
+def test_gamma_k_is_infinite_once_k_u_reaches_one_half():
+    """γ_k = k·u/(1 − k·u) below k·u = 1/2; from there on the first-order bound means nothing
+    and γ_k is inf (not 1 at k·u = 1/2, not a division by zero at k·u = 1)."""
+    u = 2.0**-24
+    assert T.gamma_k(10, np.float32) == 10 * u / (1 - 10 * u)
+    assert T.gamma_k(2**23 - 1, np.float32) == (2**23 - 1) * u / (1 - (2**23 - 1) * u)
+    for k in (2**23, 2**24, 2**30):
+        assert T.gamma_k(k, np.float32) == float("inf"), k
+
+
+def test_unknown_dtypes_and_forms_are_named():
+    with pytest.raises(TypeError) as info:
+        T.unit_roundoff(np.int8)
+    assert str(info.value) == ("no unit roundoff for dtype int8; expected one of float16, "
+                               "bfloat16, float32, float64")
+    with pytest.raises(ValueError) as info:
+        T.gamma_acc(8, form="worst")
+    assert str(info.value) == "form must be 'probabilistic' or 'deterministic', got 'worst'"
+
+
+def test_abs_error_of_finite_and_non_finite_values():
+    """|actual − ref| in float64; a NaN where the reference has one, or the same infinity, is
+    no error; any other non-finite value (or a finite one where the reference is not) is an
+    infinite error, never NaN, so that it fails every bound."""
+    inf, nan = np.inf, np.nan
+    actual = np.array([1.5, -2.0, nan, inf, -inf, nan, inf, 1.0, inf, 1e308], dtype=np.float64)
+    ref = np.array([1.0, -2.5, nan, inf, -inf, 1.0, 1.0, nan, -inf, -1e308])
+    expect = np.array([0.5, 0.5, 0.0, 0.0, 0.0, inf, inf, inf, inf, inf])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the overflow of 1e308 − (−1e308) is expected: no warning
+        got = T.abs_error(actual, ref)
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(got, expect)
+    # half-precision inputs are compared in float64: the difference of two float16 values
+    # near 65504 is not an overflow there
+    half = T.abs_error(np.float16([65504.0, 2.0**-24]), np.float16([-65504.0, 0.0]))
+    np.testing.assert_array_equal(half, [131008.0, 2.0**-24])
