@@ -404,6 +404,26 @@ def test_complex_input_supports_complex_step(rng):
     assert y.dtype == np.complex128 and rstd.dtype == np.complex128
 
 
+def test_a_complex_weight_alone_makes_the_computation_complex(rng):
+    """The complex step along the weight: real x, w + i·h·v gives Im y = h·xhat·v exactly."""
+    x, w, v = rng.standard_normal((3, 6)), rng.uniform(0.5, 1.5, 6), rng.standard_normal(6)
+    h = 2.0**-40
+    y, _ = rmsref.rms_norm_forward(x, 6, w + 1j * h * v)
+    xhat, _ = rmsref.rms_norm_forward(x, 6)
+    assert y.dtype == np.complex128
+    np.testing.assert_allclose(y.imag / h, xhat * v, rtol=1e-14, atol=0)
+
+
+def test_add_rms_norm_backward_is_complex_when_x_alone_is(rng):
+    """The complex step along x through the fused backward: dx (= dresidual) is complex."""
+    x, r = rng.standard_normal((3, 6)), rng.standard_normal((3, 6))
+    dy, w = rng.standard_normal((3, 6)), rng.uniform(0.5, 1.5, 6)
+    h = 2.0**-40
+    g = rmsref.add_rms_norm_backward(dy, None, x + 1j * h, r, 6, w)
+    assert np.iscomplexobj(g.dx) and np.all(np.isfinite(g.dx))
+    assert np.any(g.dx.imag != 0)
+
+
 # ---------------------------------------------------------------- errors that name what they got
 
 
