@@ -203,23 +203,24 @@ def make_error_vs_n() -> str:
 
 def make_bandwidth() -> str | None:
     rows = [r for r in bench_rows() if r["dtype"] == "float32" and (
-        r["kernel"].startswith("parallel copy (") or "(default)" in r["kernel"]
-        or r["kernel"].startswith("torch"))]
+        r["kernel"].startswith(("parallel copy (", "torch", "jax")) or "(default)" in r["kernel"])]
     if not rows:
         print("bandwidth.png: no float32 rows in bench/results/cpu.md; run python bench/cpu.py "
               "first (skipped)")
         return None
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    for k in sorted({r["kernel"] for r in rows}):
+    fig, ax = plt.subplots(figsize=(6.4, 4.6))
+    styles = ("o-", "s--", "^-.", "D:")  # more lines than colours: each colour once per style
+    for i, k in enumerate(sorted({r["kernel"] for r in rows})):
         pts = sorted((r["n"], r["gbps"]) for r in rows if r["kernel"] == k)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=k)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], styles[i // 10 % len(styles)],
+                label=k, color=f"C{i % 10}")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("N (features per row)")
     ax.set_ylabel("GB/s (bytes formula in bench/cpu.py)")
     ax.set_title("float32 RMSNorm on CPU against N (bench/results/cpu.md)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=6.5, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(fig, "bandwidth.png")
 
 
