@@ -13,7 +13,8 @@ and in both cases leave every input unchanged and agree with the other backend (
 type, or results that both satisfy the bound). The reference is the float64 oracle on the same
 (already rounded) inputs. ``CASES`` counts what ran; ``pytest -s`` prints it.
 
-The default run is a CI-sized subset (a few hundred calls); ``pytest -m slow`` runs the long one.
+The default run is a CI-sized subset (contiguous inputs in bfloat16 and float32, plus refused
+dtypes); ``pytest -m slow`` runs the long one over every dtype and layout.
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ OTHER_DTYPES = [np.dtype(np.int32), np.dtype(np.bool_), np.dtype(np.complex64),
 DEFAULT_GOOD = [bfloat16, np.dtype(np.float32)]
 DEFAULT_OTHER = [np.dtype(np.int32), np.dtype(np.bool_), np.dtype(np.complex64)]
 LAYOUTS = ["contiguous", "fortran", "strided_rows", "reversed", "transposed", "strided_cols"]
+#: The default run keeps to contiguous inputs: every other layout is a second specialisation of
+#: every kernel (Numba's "A" layout), which the default suite compiles nowhere else (~2.5 min of
+#: compilation on a cold cache); the slow run takes them all.
+DEFAULT_LAYOUTS = ["contiguous"]
 #: Largest power-of-two row scale per dtype (float64 rows reach the scaled path at 2^450).
 MAX_EXP = {np.dtype(np.float16): 12, bfloat16: 120, np.dtype(np.float32): 120,
            np.dtype(np.float64): 1000}
@@ -73,7 +78,7 @@ def _backends():
 # strategies
 # ---------------------------------------------------------------------------------------------
 @st.composite
-def calls(draw, good=tuple(GOOD_DTYPES), other=tuple(OTHER_DTYPES)):
+def calls(draw, good=tuple(GOOD_DTYPES), other=tuple(OTHER_DTYPES), layouts=tuple(LAYOUTS)):
     """The structure of one call; values come from a seed (NumPy draws them fast)."""
     pool = list(good) + list(other)
     dtype = draw(st.sampled_from(pool))
@@ -85,7 +90,7 @@ def calls(draw, good=tuple(GOOD_DTYPES), other=tuple(OTHER_DTYPES)):
         "dtype": dtype,
         "lead": lead,
         "nshape": shape,
-        "layout": draw(st.sampled_from(LAYOUTS)),
+        "layout": draw(st.sampled_from(layouts)),
         "seed": draw(st.integers(0, 2**32 - 1)),
         "specials": draw(st.sampled_from([0.0, 0.0, 0.05, 0.3])),
         "eps": draw(st.sampled_from([None, None, 0.0, 1e-5, 1e-6, -1.0, float("nan"),
@@ -347,7 +352,7 @@ SETTINGS = dict(deadline=None, derandomize=True,
 
 
 @settings(max_examples=1000, **SETTINGS)
-@given(calls(good=DEFAULT_GOOD, other=DEFAULT_OTHER))
+@given(calls(good=DEFAULT_GOOD, other=DEFAULT_OTHER, layouts=DEFAULT_LAYOUTS))
 def test_fuzz_every_entry_point(c):
     _case(c)
 

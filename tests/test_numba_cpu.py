@@ -273,6 +273,7 @@ def test_batch_invariance(rng):
     assert np.array_equal(gp.dweight, g_saved.dweight)
 
 
+@pytest.mark.slow  # compiles the fused and LayerNorm kernels in layouts the default run does not
 def test_batch_invariance_fused_and_layer_norm(rng):
     """The fused residual and LayerNorm kernels: a row's outputs are the same bits alone or in
     any batch (a block's first row is summed alone, the others inside the previous row's

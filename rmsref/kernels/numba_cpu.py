@@ -215,25 +215,25 @@ def _lane_tree(acc):
 
 
 @njit(**_INL)
-def _sumsq_v3(x3, b, i, k):
-    """Σ_{j<k} x_j² in 64 lanes held in a small array (v3).
+def _sumsq_v3(x3, b, i, kf):
+    """Σ_{j<kf} x_j² in 64 lanes held in a small array (v3).
 
     Lane l sums x_j² for j ≡ l (mod 64) in increasing j (the tail of a row that is not a
     multiple of 64 goes into lanes 0, 1, ... last); the lanes are then combined by
-    ``_lane_tree``. So no lane sums more than ceil(k/64) terms: the effective length of the
-    sum (docs/tolerances.md) is ceil(k/64) + 6 (at most ceil(log2 k) for k <= 64, as empty lanes add
-    exact zeros), within the 8-lane model ceil(k/8) + 3 the tests use.
+    ``_lane_tree``. So no lane sums more than ceil(kf/64) terms: the effective length of the
+    sum (docs/tolerances.md) is ceil(kf/64) + 6 (at most ceil(log2 kf) for kf <= 64, as empty lanes
+    add exact zeros), within the 8-lane model ceil(kf/8) + 3 the tests use.
     The inner loop over the 64 lanes is element-wise (no reassociation), so LLVM's loop
     vectoriser turns it into packed float64 code (vcvtps2pd/vmulpd/vaddpd) with fastmath off.
     """
     acc = np.zeros(LANES)
-    k64 = k - k % LANES
-    for j0 in range(0, k64, LANES):
+    kf64 = kf - kf % LANES
+    for j0 in range(0, kf64, LANES):
         for lane in range(LANES):
             v = to_f64(x3[b, i, j0 + lane])
             acc[lane] += v * v
-    for lane in range(k - k64):
-        v = to_f64(x3[b, i, k64 + lane])
+    for lane in range(kf - kf64):
+        v = to_f64(x3[b, i, kf64 + lane])
         acc[lane] += v * v
     return _lane_tree(acc)
 

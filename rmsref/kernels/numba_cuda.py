@@ -496,13 +496,13 @@ def _forward_kernel(o: ForwardOptions):
             y[i, j] = sty(yj)
 
     @cuda.jit(device=True)
-    def row_sumsq(x, r, rout, i, n, k, start, step):
+    def row_sumsq(x, r, rout, i, n, kf, start, step):
         """Pass 1, eq. (1): this thread's part of Σ_{j<K} h_j²; stores the new residual."""
         acc = np.float32(0.0)
-        stop = n if has_r else k
+        stop = n if has_r else kf
         for j in range(start, stop, step):
             h = h_at(x, r, i, j)
-            if j < k:
+            if j < kf:
                 acc += h * h
             if has_r:
                 rout[i, j] = stro(h)  # h rounded to the residual's dtype
@@ -511,13 +511,13 @@ def _forward_kernel(o: ForwardOptions):
     if o.variant == "block":
 
         @cuda.jit
-        def forward_block(x, r, w, b, y, rout, rstd, n, k, eps, scale, offset):
+        def forward_block(x, r, w, b, y, rout, rstd, n, kf, eps, scale, offset):
             sh = cuda.shared.array(T, np.float32)
             tid = cuda.threadIdx.x
             i = cuda.blockIdx.x
-            acc = row_sumsq(x, r, rout, i, n, k, tid, T)
+            acc = row_sumsq(x, r, rout, i, n, kf, tid, T)
             ss = _block_sum(acc, sh, tid, T)
-            rs = np.float32(1.0) / math.sqrt(ss / np.float32(k) + eps)  # eqs. (1)-(2)
+            rs = np.float32(1.0) / math.sqrt(ss / np.float32(kf) + eps)  # eqs. (1)-(2)
             if tid == 0:
                 rstd[i] = rs
             write_row(x, r, w, b, y, i, n, rs, scale, offset, tid, T)
@@ -525,19 +525,19 @@ def _forward_kernel(o: ForwardOptions):
         return forward_block
 
     @cuda.jit
-    def forward_warp(x, r, w, b, y, rout, rstd, n, k, eps, scale, offset):
+    def forward_warp(x, r, w, b, y, rout, rstd, n, kf, eps, scale, offset):
         tid = cuda.threadIdx.x
         lane = tid % WARP
         i = cuda.blockIdx.x * (T // WARP) + tid // WARP
         active = i < y.shape[0]  # the same for all 32 lanes of a warp
         acc = np.float32(0.0)
         if active:
-            acc = row_sumsq(x, r, rout, i, n, k, lane, WARP)
+            acc = row_sumsq(x, r, rout, i, n, kf, lane, WARP)
         # Every lane reaches the shuffle (full mask), also in warps past the last row: no early
         # return, so the simulator's emulation below can use block barriers.
         ss = _warp_sum(acc)
         if active:
-            rs = np.float32(1.0) / math.sqrt(ss / np.float32(k) + eps)  # eqs. (1)-(2)
+            rs = np.float32(1.0) / math.sqrt(ss / np.float32(kf) + eps)  # eqs. (1)-(2)
             if lane == 0:
                 rstd[i] = rs
             write_row(x, r, w, b, y, i, n, rs, scale, offset, lane, WARP)
@@ -556,7 +556,7 @@ def _backward_kernel(o: BackwardOptions):
     T, C = o.threads, o.cols
 
     @cuda.jit
-    def backward_block(dy, x, r, w, dro, rstd_in, dx, dr, pw, pb, m, n, k, eps, scale,
+    def backward_block(dy, x, r, w, dro, rstd_in, dx, dr, pw, pb, m, n, kf, eps, scale,
                        offset):
         sh_a = cuda.shared.array(T, np.float32)
         sh_b = cuda.shared.array(T, np.float32)
@@ -577,14 +577,14 @@ def _backward_kernel(o: BackwardOptions):
                     h = h_at(x, r, i, j)
                     wj = (offset + ldw(w[j])) if has_w else scale
                     a_dh += (lddy(dy[i, j]) * wj) * h  # dxhat_j·h_j, eq. (5)
-                    if j < k and not has_rstd:
+                    if j < kf and not has_rstd:
                         a_ss += h * h
             ss, dh = _block_sum2(a_ss, a_dh, sh_a, sh_b, tid, T)
             if has_rstd:
                 rs = np.float32(rstd_in[i])  # the forward's own statistic
             else:
-                rs = np.float32(1.0) / math.sqrt(ss / np.float32(k) + eps)  # eqs. (1)-(2)
-            cc = (dh * rs) / np.float32(k)  # eq. (6): c = (1/K) Σ dxhat·xhat
+                rs = np.float32(1.0) / math.sqrt(ss / np.float32(kf) + eps)  # eqs. (1)-(2)
+            cc = (dh * rs) / np.float32(kf)  # eq. (6): c = (1/K) Σ dxhat·xhat
             # pass 2: dx (eq. 7), and this thread's columns of dweight/dbias (eqs. 8-9)
             for c in range(C):
                 j = tid + c * T
@@ -594,7 +594,7 @@ def _backward_kernel(o: BackwardOptions):
                     wj = (offset + ldw(w[j])) if has_w else scale
                     xhat = h * rs  # eq. (3)
                     dxhat = g_j * wj  # eq. (5)
-                    if j < k:
+                    if j < kf:
                         dxj = rs * (dxhat - xhat * cc)  # eq. (7): direct term − projection
                     else:
                         dxj = rs * dxhat  # features past K do not feed the statistic
