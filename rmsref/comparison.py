@@ -159,13 +159,13 @@ class Reference:
         if quantity == "rstd":
             # rstd kept in the accumulation dtype: its error ρ, then one rounding to that dtype
             return (stat_model.rho + stat_model.u_acc) * self.rstd
-        g2 = self.as_rows(self.dy)
+        dyrows = self.as_rows(self.dy)
         if quantity == "dx":
-            return self._bound_dx(g2, model)
+            return self._bound_dx(dyrows, model)
         if quantity == "dbias":  # the dweight column sum with x̂ = 1: Σ_rows dy alone
-            return tol.bound_dweight(self.dbias.reshape(self.n), g2, np.ones_like(g2),
+            return tol.bound_dweight(self.dbias.reshape(self.n), dyrows, np.ones_like(dyrows),
                                      model).reshape(1, self.n)
-        return tol.bound_dweight(self.dweight.reshape(self.n), g2, self.xhat, model).reshape(
+        return tol.bound_dweight(self.dweight.reshape(self.n), dyrows, self.xhat, model).reshape(
             1, self.n)
 
     def _bound_y(self, model: tol.ErrorModel) -> np.ndarray:
@@ -178,8 +178,8 @@ class Reference:
         before_rounding = 0.5 * model.gamma(model.n) + 5.0 * model.u_acc
         return model.k_out * model.u_out * np.abs(self.y) + before_rounding * terms + model.atol
 
-    def _bound_dx(self, g2: np.ndarray, model: tol.ErrorModel) -> np.ndarray:
-        b = tol.bound_dx(self.dx, g2, self.xhat, self.rstd, self.w_eff, model)
+    def _bound_dx(self, dyrows: np.ndarray, model: tol.ErrorModel) -> np.ndarray:
+        b = tol.bound_dx(self.dx, dyrows, self.xhat, self.rstd, self.w_eff, model)
         if self.k_feat < self.n:
             # pRMSNorm: every feature reaches rstd through y, but c = Σ_j dx̂_j·x̂_j / K, so the
             # projection term is N/K times the one M_i measures (Σ/N)
