@@ -14,13 +14,15 @@ type, or results that both satisfy the bound). The reference is the float64 orac
 (already rounded) inputs. ``CASES`` counts what ran; ``pytest -s`` prints it.
 
 The default run is a CI-sized subset (contiguous inputs in bfloat16 and float32, plus refused
-dtypes); ``pytest -m slow`` runs the long one over every dtype and layout.
+dtypes); ``pytest -m slow`` runs the long one over every dtype and layout. Both draw the same
+cases every run; ``RMSREF_FUZZ_EXPLORE=1 pytest -m slow tests/test_fuzz.py`` draws new ones.
 """
 
 from __future__ import annotations
 
 import collections
 import functools
+import os
 
 import numpy as np
 import pytest
@@ -261,8 +263,10 @@ def _case(c: dict) -> None:
     model = _model(np.dtype(x.dtype.newbyteorder("=")), n, rows)
     by = tolerance.bound("y", y=exact_y, **model) + 2 * np.abs(b64 if b64 is not None else 0) \
         * tolerance.unit_roundoff(model["out_dtype"])
+    judged = _xhat_normal(x64.reshape(-1, n) * exact_rstd.reshape(-1, 1), x64.reshape(-1, n))
     for name, ((y, _), _) in fwd.items():
-        _within(y, exact_y, by, f"{name} rms_norm_forward y")
+        _within(_judged(y, n, judged), _judged(exact_y, n, judged), _judged(by, n, judged),
+                f"{name} rms_norm_forward y")
 
     saved = rstd_o if c["saved"] else None
     bwd = {name: _run(mod.rms_norm_backward, (dy, x, nshape, w, eps),
@@ -278,9 +282,11 @@ def _case(c: dict) -> None:
         bdx = tolerance.bound("dx", dx=exact.dx.reshape(-1, n), dy=dy64.reshape(-1, n),
                               xhat=xhat, rstd=r.reshape(-1, 1),
                               weight=None if w64 is None else w64.reshape(-1), **model)
+        judged = _xhat_normal(xhat, x64.reshape(-1, n))
         for name, (g, _) in bwd.items():
-            _within(g.dx.reshape(-1, n), exact.dx.reshape(-1, n), bdx, f"{name} dx")
-            if w is not None and np.all(np.isfinite(exact.dweight)):
+            _within(_judged(g.dx, n, judged), _judged(exact.dx, n, judged),
+                    _judged(bdx, n, judged), f"{name} dx")
+            if w is not None and np.all(np.isfinite(exact.dweight)) and np.all(judged):
                 bdw = tolerance.bound("dweight", dweight=exact.dweight.reshape(-1),
                                       dy=dy64.reshape(-1, n), xhat=xhat, **model)
                 _within(g.dweight.reshape(-1), exact.dweight.reshape(-1), bdw,
@@ -298,8 +304,10 @@ def _case(c: dict) -> None:
             assert results[0][1].tobytes() == results[1][1].tobytes(), "new residual differs"
         exact_h = rmsref.rms_norm_forward(2 * x64, nshape, w64, e, offset=offset)[0]
         bh = tolerance.bound("y", y=exact_h, **model)
+        judged = _xhat_normal(x64.reshape(-1, n) * exact_rstd.reshape(-1, 1), x64.reshape(-1, n))
         for name, (out, _) in add.items():
-            _within(out[0], exact_h, bh, f"{name} add_rms_norm y")
+            _within(_judged(out[0], n, judged), _judged(exact_h, n, judged),
+                    _judged(bh, n, judged), f"{name} add_rms_norm y")
         addb = {name: _run(mod.add_rms_norm_backward, (dy, None, x, x, nshape, w, eps),
                            {"offset": offset}, ARGS) for name, mod in backends}
         _agree(addb, "add_rms_norm_backward")
@@ -313,7 +321,10 @@ def _case(c: dict) -> None:
         _agree(ln, "layer_norm_forward")
         CASES["call layer_norm_forward"] += len(ln)
         if all(err is None for _, err in ln.values()):
-            ey = rmsref.layer_norm_forward(x64, nshape, w64, b64, e if eps is not None else 1e-5)[0]
+            ey, emean, erstd = rmsref.layer_norm_forward(x64, nshape, w64, b64,
+                                                         e if eps is not None else 1e-5)
+            xc = x64.reshape(-1, n) - emean.reshape(-1, 1)
+            judged = _xhat_normal(xc * erstd.reshape(-1, 1), xc)
             row_max = np.max(np.abs(np.nan_to_num(ey.reshape(-1, n), posinf=0, neginf=0)),
                              axis=1, keepdims=True) if ey.size else np.zeros((0, 1))
             out_dtype = model["out_dtype"]
@@ -323,7 +334,8 @@ def _case(c: dict) -> None:
                 if name == "numba_cpu" and not _ln_kernel_range(x64):
                     CASES["layer_norm numba_cpu outside its documented range"] += 1
                     continue  # documented: not overflow-safe for float64 rows beyond 2^450
-                _within(out[0].reshape(-1, n), ey.reshape(-1, n), bln, f"{name} layer_norm y")
+                _within(_judged(out[0], n, judged), _judged(ey, n, judged),
+                        _judged(bln, n, judged), f"{name} layer_norm y")
             lnb = {name: _run(mod.layer_norm_backward, (dy, x, nshape, w, b, 1e-5), {}, ARGS)
                    for name, mod in backends}
             _agree(lnb, "layer_norm_backward")
@@ -338,6 +350,24 @@ def _case(c: dict) -> None:
                      {"rnorm": un[1] if c["saved"] else None, "bias": b}, ARGS)
         CASES["call unit_norm_backward"] += 1
         assert ub is None or ub.dx.shape == x.shape
+
+
+def _xhat_normal(xhat: np.ndarray, xc: np.ndarray) -> np.ndarray:
+    """(M,) whether a row's x̂ (M, N) has no subnormal entry in float64 (``xc``: the values x̂
+    scales, x or x − mean, to tell an x̂ that underflowed to 0 from a true 0). Where x̂_j is
+    subnormal it carries an absolute error of up to 2^-1075, in the oracle as in any float64
+    kernel, which the relative model does not bound (docs/tolerances.md, "Where the model
+    ends"): such rows are counted and not judged."""
+    with np.errstate(all="ignore"):
+        tiny = (np.abs(xhat) < np.finfo(np.float64).tiny) & (xc != 0) & np.isfinite(xc)
+    ok = ~np.any(tiny, axis=1)
+    CASES["rows with a subnormal x̂ (not judged)"] += int(np.count_nonzero(~ok))
+    return ok
+
+
+def _judged(a: np.ndarray, n: int, rows: np.ndarray) -> np.ndarray:
+    """The judged rows of ``a`` as (rows, N)."""
+    return np.asarray(a).reshape(-1, n)[rows]
 
 
 def _ln_kernel_range(x64: np.ndarray) -> bool:
@@ -357,8 +387,15 @@ def test_fuzz_every_entry_point(c):
     _case(c)
 
 
+#: The long run is derandomised too, so CI judges the same 3000 cases every time (a CI that
+#: fails at random blocks work for bugs nobody introduced). To look for new failures, run it
+#: with RMSREF_FUZZ_EXPLORE=1: Hypothesis then draws fresh cases each run (and keeps any
+#: failure it finds in its example database, .hypothesis/).
+EXPLORE = os.environ.get("RMSREF_FUZZ_EXPLORE", "") not in ("", "0")
+
+
 @pytest.mark.slow
-@settings(max_examples=3000, **{**SETTINGS, "derandomize": False})
+@settings(max_examples=3000, **{**SETTINGS, "derandomize": not EXPLORE})
 @given(calls())
 def test_fuzz_every_entry_point_long(c):
     _case(c)

@@ -182,3 +182,22 @@ def test_layer_norm_of_a_constant_row_is_its_bias(exponent):
     np.testing.assert_array_equal(y, np.zeros((2, 8)))
     np.testing.assert_array_equal(mu, np.full((2, 1), c))
     np.testing.assert_array_equal(rstd, np.full((2, 1), 1 / np.sqrt(1e-5)))
+
+
+def test_a_subnormal_xhat_costs_an_absolute_error_of_at_most_half_its_spacing():
+    """Where the model ends (docs/tolerances.md): a row spanning more than 2^1022 has a subnormal
+    x̂_j, computed to within 2^-1075 in absolute terms (not relatively): y_j = x̂_j·w_j with a huge
+    w_j is then good to |w_j|·2^-1075, far worse than an ulp, and no worse. The exact value is
+    computed with mpmath."""
+    mpmath = pytest.importorskip("mpmath")
+    mpmath.mp.prec = 300
+    x = np.array([[4.1565806450390018e32, 1.4447410698870012e-282]])
+    w = np.array([1.0, -5.101723510065042e260])
+    y, rstd = rmsref.rms_norm_forward(x, 2, w, eps=0.0)
+    r = 1 / mpmath.sqrt((mpmath.mpf(x[0, 0]) ** 2 + mpmath.mpf(x[0, 1]) ** 2) / 2)
+    exact = [float(mpmath.mpf(x[0, j]) * r * mpmath.mpf(w[j])) for j in range(2)]
+    assert abs(float(x[0, 1] * r)) < np.finfo(F64).tiny  # x̂_1 is subnormal
+    assert abs(y[0, 0] - exact[0]) <= 2 * np.spacing(exact[0])  # the normal entry: 2 ulp
+    err = abs(y[0, 1] - exact[1])
+    assert err <= np.ldexp(abs(w[1]), -1075) + abs(exact[1]) * 2.0**-52  # 2**-1075 alone is 0
+    assert err > 4 * np.spacing(abs(exact[1]))  # the loss is real: the model cannot bound it
