@@ -345,7 +345,12 @@ def abs_error(actual: np.ndarray, ref: np.ndarray) -> np.ndarray:
 
 
 def ulp(v: np.ndarray, dtype) -> np.ndarray:
-    """Spacing of ``dtype``'s numbers at |v| (v float64): the size of one ulp there."""
+    """Spacing of ``dtype``'s numbers at |v| (v float64): the size of one ulp there.
+
+    At 0 it is the smallest subnormal (the distance from 0 to the next number); ±inf and NaN have
+    no spacing of their own and get the ulp at 1, a finite placeholder, so that an error counted
+    in ulps stays finite.
+    """
     dt = np.dtype(dtype)
     a = np.abs(np.asarray(v, dtype=np.float64))
     if dt == bfloat16:
@@ -356,6 +361,7 @@ def ulp(v: np.ndarray, dtype) -> np.ndarray:
         p, emin = 24, -126
     else:
         p, emin = 53, -1022
-    _, e = np.frexp(np.where(np.isfinite(a) & (a > 0), a, 1.0))   # a = m·2^e, m in [0.5, 1)
+    _, e = np.frexp(np.where(np.isfinite(a), a, 1.0))              # a = m·2^e, m in [0.5, 1)
     e = np.maximum(e.astype(np.float64) - 1.0, emin)               # floor(log2 |v|), >= emin
+    e = np.where(a == 0, emin, e)                                  # 0: the subnormal spacing
     return np.exp2(e - (p - 1))

@@ -23,11 +23,16 @@ def test_ulp_in_every_dtype_down_to_the_subnormals():
                                                           emin - p + 1]), err_msg=str(dtype))
 
 
-def test_ulp_of_zero_and_non_finite_is_the_ulp_at_one():
-    """0, inf and nan have no spacing of their own; ulp() reports the ulp at 1 for them (a finite
-    placeholder, so that an error counted in ulps stays finite)."""
-    got = T.ulp(np.array([0.0, -0.0, np.inf, np.nan]), np.float32)
-    np.testing.assert_array_equal(got, 2.0**-23)
+def test_ulp_of_zero_is_the_smallest_subnormal_and_of_non_finite_the_ulp_at_one():
+    """0's spacing is the distance to the next number, the smallest subnormal (so an output of
+    one subnormal where the exact value is 0 is 1 ulp off); inf and nan have no spacing of their
+    own: ulp() reports the ulp at 1 for them (a finite placeholder, so that an error counted in
+    ulps stays finite)."""
+    for dtype, p, emin in ((np.float64, 53, -1022), (np.float32, 24, -126), (bfloat16, 8, -126),
+                           (np.float16, 11, -14)):
+        got = T.ulp(np.array([0.0, -0.0, np.inf, -np.inf, np.nan]), dtype)
+        np.testing.assert_array_equal(got, np.ldexp(1.0, [emin - p + 1] * 2 + [1 - p] * 3),
+                                      err_msg=str(dtype))
 
 
 def test_full_jacobian_worst_entries_carry_their_tolerance():
