@@ -1296,7 +1296,7 @@ def _batched_complex_columns(F, inputs, k, J, first, column) -> bool:
         return False
     c2, _ = column(j2)
     tol = 1e-12 * (np.abs(first) + np.abs(c2) + 1e-300)
-    if not (np.all(np.abs(probe[:, 0] - first) <= tol[:] + 0) and
+    if not (np.all(np.abs(probe[:, 0] - first) <= tol) and
             np.all(np.abs(probe[:, 1] - c2) <= tol)):
         return False
     for lo in range(1, n, B):

@@ -43,7 +43,7 @@ from rmsref.derivatives import (
 )
 
 # ------------------------------------------------------------------------------------------------
-# A hand-written RMSNorm backward with switchable bugs (the planted-bug suite of issue 3)
+# A hand-written RMSNorm backward with switchable bugs (the planted-bug suite)
 # ------------------------------------------------------------------------------------------------
 
 BUGS = {
