@@ -1676,6 +1676,7 @@ def oracle_problem(
     OracleProblem
     """
     import rmsref  # the oracle; imported here so that gradcheck stays usable on its own
+    from rmsref._shapes import resolve_eps
 
     if op not in ORACLE_OPS:
         raise ValueError(f"op must be one of {ORACLE_OPS}, got {op!r}")
@@ -1688,6 +1689,9 @@ def oracle_problem(
     rng = np.random.default_rng(seed)
     dtype = np.dtype(dtype)
     ns = tuple(shape[len(shape) - normalized_ndim:])
+    # eps resolved once, from the problem's dtype: RMSNorm's default depends on the input's
+    # dtype, and the complex step (complex128 inputs) must differentiate the same function.
+    e = resolve_eps(eps, dtype, {"layer_norm": 1e-5, "unit_norm": 0.0}.get(op))
     x = rng.standard_normal(shape).astype(dtype)
     # weight near 1, or near 0 when it is used as offset + w (gemma: offset 1, w ~ 0)
     w = ((1.0 - offset) + 0.5 * rng.standard_normal(ns)).astype(dtype) if weight else None
@@ -1702,20 +1706,20 @@ def oracle_problem(
         kw = {"offset": offset, "partial": partial}
 
         def forward(x, w, b):
-            return rmsref.rms_norm_forward(x, ns, w, eps, bias=b, **kw)[0]
+            return rmsref.rms_norm_forward(x, ns, w, e, bias=b, **kw)[0]
 
         def backward(dy, x, w, b):
-            return tuple(rmsref.rms_norm_backward(dy, x, ns, w, eps, bias=b, **kw))
+            return tuple(rmsref.rms_norm_backward(dy, x, ns, w, e, bias=b, **kw))
 
         def jvp(inputs, tangents):
             x, w, b = inputs
             tx, tw, tb = tangents
-            return rmsref.rms_norm_jvp(x, zeros_if_none(tx, x), ns, w, eps, dweight_tan=tw,
+            return rmsref.rms_norm_jvp(x, zeros_if_none(tx, x), ns, w, e, dweight_tan=tw,
                                        bias=b, dbias_tan=tb, **kw)
 
         def double_backward(dd, dy, x, w, b):
             ddx, ddw, ddb = dd
-            g = rmsref.rms_norm_double_backward(zeros_if_none(ddx, x), dy, x, ns, w, eps,
+            g = rmsref.rms_norm_double_backward(zeros_if_none(ddx, x), dy, x, ns, w, e,
                                                 ddweight=ddw, ddbias=ddb, **kw)
             return (g.ddy, g.dx, g.dweight, None)
 
@@ -1724,8 +1728,6 @@ def oracle_problem(
 
     if op in ("layer_norm", "unit_norm"):
         if op == "layer_norm":
-            e = 1e-5 if eps is None else eps
-
             def forward(x, w, b):
                 return rmsref.layer_norm_forward(x, ns, w, b, e)[0]
 
@@ -1738,8 +1740,6 @@ def oracle_problem(
                 return rmsref.layer_norm_jvp(x, zeros_if_none(tx, x), ns, w, b, e,
                                              dweight_tan=tw, dbias_tan=tb)
         else:
-            e = 0.0 if eps is None else eps
-
             def forward(x, w, b):
                 return rmsref.unit_norm_forward(x, ns, w, e, bias=b)[0]
 
@@ -1759,12 +1759,12 @@ def oracle_problem(
     r = rng.standard_normal(shape).astype(dtype)
 
     def forward(x, r, w):
-        y, res, _ = rmsref.add_rms_norm_forward(x, r, ns, w, eps, offset=offset)
+        y, res, _ = rmsref.add_rms_norm_forward(x, r, ns, w, e, offset=offset)
         return y, res
 
     def backward(dys, x, r, w):
         dy, dres = dys
-        g = rmsref.add_rms_norm_backward(dy, dres, x, r, ns, w, eps, offset=offset)
+        g = rmsref.add_rms_norm_backward(dy, dres, x, r, ns, w, e, offset=offset)
         return (g.dx, g.dresidual, g.dweight)
 
     return OracleProblem(op, forward, backward, (x, r, w), ("x", "residual", "weight"), None,
