@@ -216,19 +216,38 @@ def test_given_rstd_is_checked_and_reshaped(rng):
         C.emulate("llama", x, None, partial=0.5)
 
 
-def test_emulate_propagates_nan_and_inf_without_warnings(rng):
-    """A row with NaN or Inf gives NaN (no warning, no error); other rows are unaffected."""
+def test_emulate_propagates_nan_inf_and_overflow_without_warnings(rng):
+    """A row with NaN or Inf gives NaN, an output beyond the dtype's range gives Inf: no
+    warning, no error; other rows are unaffected."""
     import warnings
 
     x = rows(rng, F16)
     x[1, 3] = np.nan
     x[2, 0] = np.inf
+    big = np.full(x.shape[1], 6e4, F16)                  # x̂·w beyond float16's 65504
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for name in C.names():
             y = R(C.emulate(name, x, None, 1e-3), F64)
             assert np.isnan(y[1]).all(), name
             assert np.isfinite(y[[0, 3, 4, 5]]).all(), name
+            y = R(C.emulate(name, x[[0]], big, 1e-3, offset=0.0), F64)
+            assert np.isinf(y).any() and not np.isnan(y).any(), name
+
+
+def test_emulate_errors_name_the_argument():
+    x = np.ones((2, 4), F32)
+    with pytest.raises(TypeError, match=r"^x has dtype int64; rmsref accepts float16"):
+        C.emulate("torch", np.ones((2, 4), np.int64))
+    with pytest.raises(TypeError, match=r"^weight has dtype int32; rmsref accepts float16"):
+        C.emulate("llama", x, np.ones(4, np.int32))
+    with pytest.raises(ValueError) as info:
+        C.emulate("t5", x, np.ones(3, F32), normalized_shape=4)
+    assert str(info.value) == "weight has shape (3,) but normalized_shape is (4,)"
+    with pytest.raises(ValueError) as info:
+        C.emulate("flax", x, normalized_shape=3)
+    assert str(info.value) == ("normalized_shape (3,) does not match the trailing dims of x "
+                               "with shape (2, 4)")
 
 
 # ---- fused residual add -------------------------------------------------------------------------
