@@ -264,7 +264,7 @@ def test_emulate_add_rounded_sum_normalises_the_rounded_sum(name, rng):
         op = promoted(opmath(t), opmath(rdt))
         h = R(x, op) + R(res, op)
         r = np.full(x.shape[0], 0.25)
-        for kw in ({}, {"offset": 0.5}, {"rstd": r}, {"normalized_shape": (24,)}):
+        for kw in ({}, {"offset": 0.5}, {"rstd": r}):
             y, new_res = C.emulate_add(name, x, res, w, 1e-3, **kw)
             assert new_res.dtype == rdt and y.shape == x.shape
             np.testing.assert_array_equal(R(new_res, F64), R(R(h, rdt), F64))
@@ -291,8 +291,38 @@ def test_emulate_add_fp32_sum_rounds_y_once(name, rng):
             np.testing.assert_array_equal(R(new_res, F64), R(R(h, rdt), F64))
 
 
+@pytest.mark.parametrize("rounding", C.ROUNDINGS)
+def test_emulate_add_passes_normalized_shape_on(rounding, rng):
+    """x (B, S, N) with normalized_shape (S, N) and no weight: rows of S·N features."""
+    x = R(3 * rng.standard_normal((2, 4, 6)), bfloat16)
+    res = R(3 * rng.standard_normal((2, 4, 6)), bfloat16)
+    y, _ = C.emulate_add("torch", x, res, None, 1e-3, rounding=rounding, normalized_shape=(4, 6))
+    h = R(x, F32) + R(res, F32)
+    hx = h if rounding == "fp32-sum" else R(h, bfloat16)
+    want = R(C.emulate("torch", hx, None, 1e-3, normalized_shape=(4, 6)), bfloat16)
+    np.testing.assert_array_equal(R(y, F64), R(want, F64))
+    last = R(C.emulate("torch", hx, None, 1e-3), bfloat16)          # rows of N: not the same
+    assert not np.array_equal(R(y, F64), R(last, F64))
+
+
+def test_emulate_add_sums_without_warnings():
+    """An overflowing sum is Inf and Inf + (-Inf) is NaN, silently, in y and new_residual."""
+    import warnings
+
+    x = np.array([[3e38, 1.0, np.inf, 2.0]], F32)
+    res = np.array([[3e38, 1.0, -np.inf, 2.0]], F32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        y, new_res = C.emulate_add("torch", x, res, None, 1e-3)
+    assert np.isinf(new_res[0, 0]) and np.isnan(new_res[0, 2]) and np.isnan(y).all()
+
+
 def test_emulate_add_errors_name_what_they_got(rng):
     x = rows(rng, bfloat16)
+    with pytest.raises(TypeError, match=r"^x has dtype int64; "):
+        C.emulate_add("torch", np.ones((6, 24), np.int64), x, None)
+    with pytest.raises(TypeError, match=r"^residual has dtype int64; "):
+        C.emulate_add("torch", x, np.ones((6, 24), np.int64), None)
     with pytest.raises(ValueError) as info:
         C.emulate_add("torch", x, x[:3], None)
     assert str(info.value) == "residual has shape (3, 24) but x has shape (6, 24)"
@@ -303,3 +333,72 @@ def test_emulate_add_errors_name_what_they_got(rng):
     with pytest.raises(ValueError) as info:
         C.emulate_add("torch", x, x, None, rounding="sum")
     assert str(info.value) == "rounding must be one of ('rounded-sum', 'fp32-sum'), got 'sum'"
+
+
+# ---- where each convention rounds twice: inputs built to land on a midpoint ---------------------
+
+
+def test_x_rstd_is_rounded_to_float32_before_the_output_dtype():
+    """x·rstd is formed in float32 (opmath) and then rounded to float16: two roundings, as the
+    systems do. Here x·rstd lies just above a float16 midpoint and rounds onto it in float32,
+    so the result goes to even (1.0), where one rounding would give 1 + 2^-10. native is left
+    out: it rounds rstd to float16 first."""
+    x = np.full((1, 8), 1 + 2.0**-10, F16)
+    r = np.float32(0.9995122)
+    exact = (1 + 2.0**-10) * float(r)
+    assert R(exact, F32) == 1 + 2.0**-11 and exact > 1 + 2.0**-11
+    assert R(exact, F16) == 1 + 2.0**-10                               # one rounding
+    w = np.ones(8, F16)
+    for name in C.names():
+        if name != "native":
+            y = C.emulate(name, x, w, rstd=[r], offset=0.0)
+            np.testing.assert_array_equal(R(y, F64), 1.0, err_msg=name)
+
+
+@pytest.mark.parametrize("wdt", [F16, bfloat16])
+def test_offset_is_added_in_float32_then_rounded_where_the_convention_rounds(wdt, rng):
+    """offset + w is formed in float32. llama, t5 and gemma_wdtype round it to the weight's
+    dtype (native to the input's, here the same): 1 + offset, on a midpoint of that dtype in
+    float32 (just above it exactly), goes to even, 1.0, and y is the y of offset 0. torch,
+    gemma, flax and paper keep the float32 1 + offset, and y differs."""
+    half_ulp = 2.0**-11 if wdt == F16 else 2.0**-8
+    offset = half_ulp + 2.0**-30                       # 1 + offset: a float32 midpoint of wdt
+    x = rows(rng, wdt)
+    w = np.ones(x.shape[1], wdt)
+    for name in C.names():
+        y = R(C.emulate(name, x, w, 1e-3, offset=offset), F64)
+        y0 = R(C.emulate(name, x, w, 1e-3, offset=0.0), F64)
+        if name in ("llama", "t5", "gemma_wdtype", "native"):
+            np.testing.assert_array_equal(y, y0, err_msg=name)
+        else:
+            assert np.mean(y != y0) > 0.2, name
+
+
+def test_native_adds_eps_in_float32_then_rounds_to_the_input_dtype():
+    """native: s = R_t(R_f32(ms + eps)). With ms = 1 and eps just above half a float16 ulp,
+    the float32 sum is the midpoint 1 + 2^-11 and goes to even: s = 1, rstd = 1, y = x."""
+    x = np.where(np.arange(16) % 3, 1.0, -1.0).astype(F16)[None, :]       # ms = 1 exactly
+    eps = 2.0**-11 + 2.0**-30
+    np.testing.assert_array_equal(C.emulate("native", x, None, eps), x)
+    assert not np.array_equal(R(C.emulate("native", x, None, 2 * eps), F64), R(x, F64))
+
+
+def test_native_sums_the_squares_as_numpy_sums_a_float32_row(rng):
+    """native's sum of squares is NumPy's float32 sum of the row, on rows wider than NumPy's
+    8192-element buffer too (a sum through a float64 copy is ordered differently there)."""
+    x = R(rng.standard_normal((16, 10000)), F32)
+    got = C.emulate("native", x, None, 1e-5)
+    np.testing.assert_array_equal(got, formula("native", x, np.ones(10000, F32), 1e-5, 0.0))
+
+
+@pytest.mark.parametrize("name", ["torch", "fused_fp32", "fused_fp32_div", "llama", "t5",
+                                  "native", "flax", "paper"])
+def test_a_negative_zero_weight_keeps_its_sign_without_an_offset(name, rng):
+    """With offset 0 the weight is used as it is, not as 0 + w: a weight of -0.0 gives a zero of
+    the opposite sign to x̂ (0 + (-0.0) would be +0.0)."""
+    x = rows(rng, F32)
+    w = np.ones(x.shape[1], F32)
+    w[::2] = -0.0
+    y = C.emulate(name, x, w, 1e-3, offset=0.0)
+    assert (y[:, ::2] == 0).all()
+    np.testing.assert_array_equal(np.signbit(y[:, ::2]), x[:, ::2] > 0)
