@@ -125,6 +125,27 @@ def test_identify_passes_its_inputs_and_records_cases():
     assert other and not np.array_equal(seen[-1][0], seen[0][0])
 
 
+def test_identify_inputs_are_reproducible_from_the_seed():
+    """x = 2·N(0, 1) and then w = 1 + 0.3·N(0, 1) per weight dtype, drawn from
+    default_rng(seed) as float32 values (as float32 data cast down) and rounded to each dtype;
+    eps defaults to 1e-5."""
+    seen = []
+
+    def forward(x, n, w, eps):
+        seen.append((x, w, eps))
+        return C.emulate("torch", x, w, eps)
+
+    C.identify(forward, dtypes=("float16",), shape=(8, 50), weight_dtypes=("bfloat16",),
+               share_statistic=False, seed=7)
+    (x, w, eps), = seen
+    g = np.random.default_rng(7)
+    x32 = (g.standard_normal((8, 50)) * 2.0).astype(np.float32)
+    w32 = (1.0 + 0.3 * g.standard_normal(50)).astype(np.float32)
+    np.testing.assert_array_equal(x, x32.astype(F16))
+    np.testing.assert_array_equal(w, w32.astype(bfloat16))
+    assert eps == 1e-5
+
+
 def test_identify_without_a_weight():
     """A forward declared without a weight runs without one (cases 'w=none')."""
     calls = []
@@ -159,6 +180,13 @@ def test_identify_skips_refused_dtypes_and_falls_back_to_float32():
 
     ranking = C.identify(same_dtypes_only, shape=SHAPE)
     assert set(ranking[0].rates) == {"bfloat16/w=bfloat16", "float16/w=float16"}
+    ranking = C.identify(same_dtypes_only, shape=SHAPE, dtypes=("float16",),
+                         weight_dtypes=("float32", None, "bfloat16"))   # refused, taken, refused
+    assert set(ranking[0].rates) == {"float16/w=float16"}
+    ranking = C.identify(as_convention("torch"), shape=SHAPE, dtypes=("float32",),
+                         weight_dtypes=(None, "float32", "bfloat16", "float16"))
+    assert set(ranking[0].rates) == {"float32/w=float32", "float32/w=bfloat16",
+                                     "float32/w=float16"}      # None and float32: one case
 
     def float32_only(x, n, w, eps):
         if x.dtype != F32:
@@ -172,11 +200,43 @@ def test_identify_skips_refused_dtypes_and_falls_back_to_float32():
     def nothing(x, n, w, eps):
         raise TypeError(f"refused {x.dtype}")
 
+    with pytest.raises(ValueError) as info:                  # float32 asked: not tried twice
+        C.identify(nothing, shape=SHAPE, dtypes=("float32",), weight_dtypes=("float32",))
+    assert str(info.value) == ("identify: the implementation ran on none of the inputs: "
+                               "float32 x with float32 weight: refused float32")
+
     with pytest.raises(ValueError) as info:
         C.identify(nothing, shape=SHAPE, dtypes=("float16",), weight_dtypes=("float32",))
     assert str(info.value) == ("identify: the implementation ran on none of the inputs: "
                                "float16 x with float32 weight: refused float16; "
                                "float32 x with float32 weight: refused float32")
+
+
+def test_identify_float32_fallback_keeps_eps_offset_and_the_shared_statistic():
+    """The float32 fallback runs as the requested dtypes would: the given eps and offset (the
+    neutral weight 1 − offset for the statistic) and the implementation's own rstd."""
+    eps_seen = []
+
+    def gemma32(x, n, w, eps):                           # float32 only; w used as 1 + w
+        if x.dtype != F32:
+            raise TypeError("float32 only")
+        eps_seen.append(eps)
+        return nudged("torch")(x, n, None if w is None else w + np.float32(1), eps)
+
+    ranking = C.identify(gemma32, shape=SHAPE, eps=1e-4, offset=1.0, candidates=["torch"])
+    assert ranking[0].rate == 1.0 and set(ranking[0].rates) == {"float32/w=float32"}
+    assert set(eps_seen) == {1e-4}
+    own = C.identify(gemma32, shape=SHAPE, eps=1e-4, offset=1.0, candidates=["torch"],
+                     share_statistic=False)
+    assert own[0].rate < 1.0 - 2 / SHAPE[0]             # three rows off in nearly every element
+
+
+def test_identify_dtype_match_holds_in_every_case():
+    """dtype_match is whether the output dtype was the convention's in every case, not the
+    last one: torch's bfloat16 output is float32 for llama with a float32 weight."""
+    ranking = {m.name: m for m in C.identify(as_convention("llama"), shape=SHAPE,
+                                             weight_dtypes=("float32", None))}
+    assert ranking["llama"].dtype_match and not ranking["torch"].dtype_match
 
 
 def test_identify_ties_rank_by_dtype_then_listing():
@@ -213,17 +273,23 @@ def test_identify_counts_nan_matching_nan_and_only_that():
 def test_estimate_rstd_reads_back_the_implementations_statistic(rng):
     """The float32 rstd of each row, exactly, from a float32 run, even with zeros in x and a few
     elements of each row off (the value that occurs most often wins)."""
+    import warnings
+
     x = (2.0 * rng.standard_normal((8, 64))).astype(np.float32).astype(bfloat16)
     x[2, :5] = 0
+    x[4] = 1                                             # a row of ones is a row like another
     seen = []
 
     def forward(x, n, w, eps):
         seen.append((x.dtype, n, w, eps))
         y = nudged("torch", rows=(1, 2, 6))(x, n, w, eps)
         y[:, -3:] *= np.float32(1.5)                     # three elements per row disagree
+        y[2, :2] = 1.0                                   # and a bias where x is 0: y/0 is Inf
         return y
 
-    r = C.estimate_rstd(forward, x, 1e-5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = C.estimate_rstd(forward, x, 1e-5)
     assert seen == [(F32, 64, None, 1e-5)]
     assert r.dtype == F32 and r.shape == (8, 1)
     exact = rstd32(x, 1e-5)
@@ -271,7 +337,8 @@ def test_describe_lists_every_convention_record_in_order():
     output dtype and note, labelled; the notation first and the fused-add meanings last."""
     lines = C.describe().split("\n")
     assert lines[0].startswith("R_t = round to dtype t, f32 = upcast, x̂ = x·rstd, ")
-    assert "rstd = 1/sqrt(mean(x²) + eps)" in lines[0] and lines[1] == ""
+    assert lines[0].endswith("rstd = 1/sqrt(mean(x²) + eps); mean(x²) in fp32 unless noted.")
+    assert lines[1] == ""
     at = 2
     for c in C.CONVENTIONS.values():
         assert lines[at:at + 6] == [c.name, f"    y      : {c.formula}", f"    who    : {c.who}",
@@ -281,6 +348,8 @@ def test_describe_lists_every_convention_record_in_order():
     tail = lines[at:]
     assert tail[0] == "" and tail[1].startswith("fused residual add (emulate_add): ")
     assert "new_residual = R_res(h)" in tail[1]
-    assert tail[2].split(":")[0].strip() == "rounded-sum" and "R_in(h)" in tail[2]
-    assert tail[3].split(":")[0].strip() == "fp32-sum" and "single-rounding" in tail[3]
+    assert tail[2].split(":")[0].strip() == "rounded-sum" and "y = convention(R_in(h))" in tail[2]
+    assert tail[2].endswith("(HF eager, Liger fused-add, llm.c)")
+    assert tail[3].split(":")[0].strip() == "fp32-sum" and "y = R_in(convention_f32(h))" in tail[3]
+    assert tail[3].endswith("(flash-attn, quack, vLLM native; single-rounding conventions)")
     assert len(tail) == 4
