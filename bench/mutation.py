@@ -61,7 +61,8 @@ QUICK_MODULES = [
 QUICK_TESTS = [
     "tests/test_rmsnorm.py", "tests/test_layernorm_unitnorm.py", "tests/test_add_rms_norm.py",
     "tests/test_column_sum.py", "tests/test_tolerance.py", "tests/test_bounds_tight.py",
-    "tests/test_conventions.py", "tests/test_out.py", "tests/test_mutation_survivors.py",
+    "tests/test_conventions.py", "tests/test_conventions_formulas.py",
+    "tests/test_conventions_identify.py", "tests/test_out.py", "tests/test_mutation_survivors.py",
     "tests/test_sumsq.py", "tests/test_rounding.py", "tests/test_comparison.py",
 ]
 

@@ -126,7 +126,7 @@ def _gemma(x, w, eps, rstd, offset):
     op = opmath_dtype(x.dtype)
     xf = x.astype(op)
     r = _statistic(xf, eps) if rstd is None else rstd
-    scale = op.type(offset) + (np.zeros(x.shape[1], op) if w is None else w.astype(op))
+    scale = op.type(offset) + (np.ones(x.shape[1], op) if w is None else w.astype(op))
     return ((xf * r) * scale).astype(x.dtype)                     # (1 + w) in fp32, one rounding
 
 
@@ -135,7 +135,7 @@ def _gemma_wdtype(x, w, eps, rstd, offset):
     xf = x.astype(op)
     r = _statistic(xf, eps) if rstd is None else rstd
     if w is None:
-        w = np.zeros(x.shape[1], x.dtype)
+        w = np.ones(x.shape[1], x.dtype)                             # a missing weight is w = 1
     scale = (w.astype(opmath_dtype(w.dtype)) + offset).astype(w.dtype)   # R_w(1 + w)
     return ((xf * r) * scale.astype(op)).astype(x.dtype)
 
