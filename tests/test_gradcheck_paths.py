@@ -14,7 +14,17 @@ import numpy as np
 import pytest
 
 import rmsref
-from rmsref.derivatives import ORACLE_OPS, _Worst, gradcheck, oracle_problem
+from rmsref.derivatives import (
+    ORACLE_OPS,
+    CheckResult,
+    GradcheckResult,
+    WorstEntry,
+    _Worst,
+    check_oracle,
+    gradcheck,
+    oracle_configs,
+    oracle_problem,
+)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -237,3 +247,100 @@ def test_float32_rms_norm_at_n_1_passes_when_second_order_is_requested():
     r = oracle_problem("rms_norm", (3, 1), dtype=np.float32).check(second_order=True)
     assert r, r.report()
     assert r.check("second_order").passed is True
+
+
+# ------------------------------------------------------------------------------------------------
+# the full Jacobian by finite differences, and its worst entries
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("method", ["central", "richardson"])
+def test_the_full_jacobian_by_finite_differences_passes_the_oracle(method):
+    """A finite-difference Jacobian carries its own error estimate, which widens (never
+    narrows) each entry's tolerance: the correct oracle passes."""
+    r = oracle_problem("rms_norm", (2, 8), bias=True).check(full=True, method=method,
+                                                           second_order=False)
+    assert r, r.report()
+
+
+def test_the_full_jacobian_lists_its_worst_entries_worst_first():
+    from tests.test_gradcheck import _problem_with_bug
+
+    r = gradcheck(*_problem_with_bug("column_127", (2, 256)), full=True, second_order=False,
+                  names=("x", "weight", "bias"), max_worst=5)
+    worst = r.check("jacobian", "x").worst
+    assert len(worst) >= 2
+    ratios = [w.ratio for w in worst]
+    assert ratios == sorted(ratios, reverse=True) and ratios[0] > 1
+
+
+def test_a_worst_entry_names_its_output_and_input_indices():
+    w = WorstEntry(input_index=(1, 7), output_index=(0, 3), analytic=1.0, numerical=2.0,
+                   error=1.0, tolerance=0.5)
+    assert w.describe("x").startswith("d out[0, 3] / d x[1, 7]: analytic 1.000000000e+00")
+
+
+# ------------------------------------------------------------------------------------------------
+# what gradcheck says about its own arguments and results
+# ------------------------------------------------------------------------------------------------
+def test_wrt_naming_a_non_float_input_says_its_type_and_out_of_range_says_so():
+    p = oracle_problem("rms_norm", (2, 4))
+    x, w, b = p.inputs
+    with pytest.raises(ValueError, match=r"wrt index 0 must name a real floating array input "
+                                         r"\(list\)"):
+        gradcheck(p.forward, p.backward, (x.tolist(), w, b), wrt=[0])
+    with pytest.raises(ValueError, match=r"wrt index 3 .* \(out of range\)"):
+        gradcheck(p.forward, p.backward, p.inputs, wrt=[3])
+
+
+def test_a_jvp_returning_something_else_than_arrays_is_a_type_error_naming_it():
+    p = oracle_problem("rms_norm", (2, 4))
+    with pytest.raises(TypeError, match=r"jvp returned str 'dy'; expected a floating array"):
+        p.check(jvp=lambda inputs, tangents: "dy", second_order=False)
+    with pytest.raises(TypeError, match=r"jvp returned a tuple of 2: \(an array of shape "
+                                        r"\(2, 4\) and dtype float64, int 3\)"):
+        p.check(jvp=lambda inputs, tangents: (p.jvp(inputs, tangents), 3), second_order=False)
+
+
+def test_a_missing_check_is_a_key_error_listing_the_checks_there_are():
+    r = oracle_problem("rms_norm", (2, 4)).check(second_order=False)
+    with pytest.raises(KeyError, match=r"no check 'hessian' on input None; have \[\('shapes'"):
+        r.check("hessian")
+
+
+def test_check_results_as_dicts_carry_every_figure():
+    c = CheckResult("vjp", "x", True, 1e-15, 1e-13, 0.01, note="n")
+    assert c.to_dict() == {"check": "vjp", "input": "x", "passed": True, "observed": 1e-15,
+                           "tolerance": 1e-13, "ratio": 0.01, "worst": [], "note": "n"}
+
+
+def test_a_result_whose_comparisons_were_all_skipped_says_not_checked():
+    checks = [CheckResult("shapes", None, True, 0.0, 0.0, 0.0),
+              CheckResult("vjp", "x", None, note="skipped: its scale overflows")]
+    r = GradcheckResult(checks, "complex", [], {}, {"rtol": 1e-13})
+    assert r.report().splitlines()[0].startswith(
+        "gradcheck: NOT CHECKED (every comparison was skipped; see the notes)   method: complex")
+
+
+# ------------------------------------------------------------------------------------------------
+# the oracle's own configurations
+# ------------------------------------------------------------------------------------------------
+def test_check_oracle_passes_every_option_to_the_op(monkeypatch):
+    seen = []
+    real = rmsref.rms_norm_forward
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("partial"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(rmsref, "rms_norm_forward", spy)
+    assert check_oracle("rms_norm", (2, 8), partial=0.5, second_order=False)
+    assert seen and set(seen) == {0.5}
+
+
+def test_the_oracle_configurations_cover_each_op_with_and_without_its_parameters():
+    cfgs = oracle_configs()
+    for op in ("rms_norm", "layer_norm", "unit_norm"):
+        mine = [c for c in cfgs if c["op"] == op]
+        assert any(c.get("bias") for c in mine), op
+        assert any(not c.get("bias") for c in mine), op
+    assert any(c["op"] == "rms_norm" and c.get("weight") is False for c in cfgs)
+    assert any(c["op"] == "layer_norm" and c.get("weight") is False for c in cfgs)
