@@ -107,6 +107,29 @@ class RMSNormRunningStat(rmsref.RMSNorm):
         return np.asarray(x) / np.sqrt(self.running_ms) * self.weight
 
 
+def rms_forward_clamped_ms(x, normalized_shape, weight=None, eps=None, **kw):
+    """Clamps the mean square at 1e-6 ("safe" division): no longer scale invariant for small x."""
+    x = np.asarray(x, np.float64)
+    eps = 0.0 if eps is None else eps
+    rstd = 1.0 / np.sqrt(np.maximum(np.mean(x * x, axis=-1, keepdims=True), 1e-6) + eps)
+    y = x * rstd
+    return (y if weight is None else y * weight), rstd
+
+
+def rms_forward_ulp_off_in_big_batches(x, normalized_shape, weight=None, eps=None, **kw):
+    """One ulp off when the batch has more than 16 rows (a batch-size-dependent reduction)."""
+    y, rstd = rmsref.rms_norm_forward(x, normalized_shape, weight, eps, **kw)
+    return (np.nextafter(y, np.inf) if np.shape(x)[0] > 16 else y), rstd
+
+
+class RMSNormUnusedRunningStat(rmsref.RMSNorm):
+    """Keeps a running mean of squares it never uses: the outputs are right, the state is not."""
+
+    def forward(self, x):
+        self.running_ms = float(np.mean(np.asarray(x, np.float64) ** 2))
+        return super().forward(x)
+
+
 BREAKS = {
     "layernorm ddof=1": (
         {"layer_norm_forward": ln_forward_ddof1},
@@ -134,6 +157,15 @@ BREAKS = {
     "layernorm backward without mean path": (
         {"layer_norm_backward": ln_backward_no_mean_path},
         {"backward_orthogonality"},
+    ),
+    "rmsnorm clamps the mean square": (
+        {"rms_norm_forward": rms_forward_clamped_ms}, {"scale_invariance"},
+    ),
+    "rmsnorm one ulp off in big batches": (
+        {"rms_norm_forward": rms_forward_ulp_off_in_big_batches}, {"row_independence"},
+    ),
+    "rmsnorm module with unused running statistics": (
+        {"RMSNorm": RMSNormUnusedRunningStat}, {"row_independence"},
     ),
     "rmsnorm module with a bias": ({"RMSNorm": RMSNormWithBias}, {"parameter_count"}),
     "rmsnorm module with running statistics": (
@@ -667,3 +699,192 @@ def test_an_implementation_never_looks_up_private_names_and_can_be_copied():
         impl._shapes  # noqa: B018  (a private rmsref module: not part of what is checked)
     clone = copy.copy(impl)
     assert clone.rms_norm_forward is rms_forward_paper and clone.label == impl.label
+
+
+# ----------------------------------------------------------------------------------------------
+# each float64 bound is the total its derivation states (the identity checks are the part of the
+# module a mutation run cannot reach: mutmut does not mutate decorated functions)
+# ----------------------------------------------------------------------------------------------
+
+G, K = identities.gamma, identities
+U64 = 2.0**-53
+
+#: identity -> (label pattern, K(N) of the documented total γ(K)); η-free parts only.
+DOCUMENTED_TOTALS = {
+    "rms_is_scaled_unit_norm": [(r"eps=", lambda n: K.k_y(n) + math.ceil((n + 2) / 2) + 8)],
+    "scale_invariance": [
+        (r"alpha=\S+ eps=0$|-x eps=", lambda n: 2 * K.k_y(n) + 3),
+        (r"eps=0.01 predicted$", lambda n: 2 * K.k_y(n) + n + 11),
+    ],
+    "output_rms": [(r"eps=", lambda n: K.k_rstd(n) + math.ceil((n + 1) / 2) + n + 8)],
+    "backward_orthogonality": [
+        (r"RMSNorm eps=", lambda n: K.k_dx(n) + 2 * n + 3 * K.k_rstd(n) + 6),
+    ],
+    "dweight_linearity": [  # M = 12 rows
+        (r"^N=\d+ dweight$", lambda n: 2 * (K.k_rstd(n) + 1) + 2 * 12 + 1),
+        (r"linearity dx$", lambda n: 2 * K.k_dx(n) + 5),
+        (r"linearity dweight$", lambda n: 2 * (K.k_rstd(n) + 1 + 12) + 5),
+    ],
+    "jacobian": [
+        (r"backward rows|JVP columns", lambda n: K.k_dx(n) + 2 * (K.k_rstd(n) + 1)
+         + K.k_rstd(n) + 6),
+    ],
+}
+
+
+@pytest.mark.parametrize("name", list(DOCUMENTED_TOTALS))
+def test_float64_bounds_are_their_documented_totals(name):
+    (r,) = identities.run([name], quick=True)
+    checked = 0
+    for part in r.parts:
+        n = int(re.match(r"N=(\d+)", part.label).group(1))
+        for pattern, k in DOCUMENTED_TOTALS[name]:
+            if re.search(pattern, part.label):
+                assert part.bound == G(k(n)), (part.label, part.bound, G(k(n)))
+                checked += 1
+    assert checked >= 2 * len(DOCUMENTED_TOTALS[name]), [p.label for p in r.parts]
+
+
+def test_rotation_bounds_add_half_the_rotations_departure_from_orthogonality():
+    """τ = c² + s² − 1 of the rounded (cos, sin) is at most a few u: the bound is γ(K) + τ/2."""
+    (r,) = identities.run(["rotation_equivariance"], quick=True)
+    for part in r.parts:
+        n = int(re.match(r"N=(\d+)", part.label).group(1))
+        k = 2 * K.k_y(n) + 9 + (K.k_rstd(n) + 6 if "general w" in part.label else 0)
+        assert G(k) <= part.bound <= G(k) + 2 * U64, part.label
+
+
+class _Recorder:
+    """The oracle's functions, recording the arguments of every call."""
+
+    def __init__(self, *names):
+        self.calls = {name: [] for name in names}
+
+    def impl(self):
+        def recording(name):
+            def call(*args, **kwargs):
+                self.calls[name].append(args)
+                return getattr(rmsref, name)(*args, **kwargs)
+            return call
+        return {name: recording(name) for name in self.calls}
+
+
+def _eta_rows(x, eps):
+    """η per row written out: ½·(γ(N + 1)·mean|x|)² / (var + eps)."""
+    n = x.shape[-1]
+    return 0.5 * (G(n + 1) * np.mean(np.abs(x), axis=1)) ** 2 / (np.var(x, axis=1) + eps)
+
+
+@pytest.mark.parametrize(("name", "function", "x_arg", "label", "k"), [
+    ("rms2_var_mean2", "layer_norm_forward", 0, r"^N=\d+$",
+     lambda n: 2 * K.k_rstd(n) + 2 * K.k_rstd_ln(n) + 2 * n + 10),
+    ("layernorm_is_centred_rmsnorm", "layer_norm_forward", 0, r"^N=\d+$",
+     lambda n: K.k_y_ln(n) + n + 3 + K.k_y(n)),
+    ("backward_orthogonality", "layer_norm_backward", 1, r"LayerNorm sum\(dx\)$",
+     lambda n: K.k_dx_ln(n) + n),
+])
+def test_layernorm_bounds_add_twice_eta_of_the_worst_row(name, function, x_arg, label, k):
+    """η (the mean's error, second order) is per row: the worst element's bound is γ(K) + 2η of
+    a row, η computed from the inputs the identity drew (recorded on the way in)."""
+    rec = _Recorder(function)
+    (r,) = identities.run([name], impl=rec.impl(), quick=True)
+    assert r.passed
+    inputs = {}  # N -> the rows of the first call at that N (the bound's η is theirs)
+    for args in rec.calls[function]:
+        inputs.setdefault(np.asarray(args[x_arg]).shape[-1], np.asarray(args[x_arg]))
+    parts = [p for p in r.parts if re.search(label, p.label)]
+    assert len(parts) == 2
+    for part in parts:
+        n = int(re.match(r"N=(\d+)", part.label).group(1))
+        candidates = G(k(n)) + 2 * _eta_rows(inputs[n], 1e-5)
+        assert np.min(np.abs(candidates - part.bound)) <= U64 * part.bound, part.label
+        # on these rows (means up to 20 spreads) η is second order indeed: ~1e-26 against γ(K)
+        assert G(k(n)) <= part.bound < G(k(n)) * (1.0 + 1e-9), part.label
+
+
+def test_shift_bounds_are_their_documented_totals():
+    """LayerNorm: γ(2·k_y_ln + 2) + 2η (η negligible on these rows); RMSNorm: γ(k_y + 2) +
+    ½·(γ(N + 5) + 2γ(N + 2)·ρ) + γ(4), ρ = mean|x|·|μ + c|/ms' ≤ mean|x|/(2σ) ≤ 25 here."""
+    (r,) = identities.run(["shift"], quick=True)
+    assert len(r.parts) == 8
+    for part in r.parts:
+        n = int(re.match(r"N=(\d+)", part.label).group(1))
+        if "LayerNorm" in part.label:
+            base, top = G(2 * K.k_y_ln(n) + 2), G(2 * K.k_y_ln(n) + 2) * (1 + 1e-9)
+        else:
+            base = G(K.k_y(n) + 2) + 0.5 * G(n + 5) + G(4)
+            top = base + 25 * G(n + 2)
+        assert base <= part.bound <= top, part.label
+
+
+def test_a_shift_really_moves_rmsnorm_and_not_layernorm():
+    """The measured non-identity the user reads: shifts of 1σ and 30σ move RMSNorm's output by
+    a large fraction of max|y|, LayerNorm's only by rounding."""
+    (r,) = identities.run(["shift"], quick=True)
+    moved = re.search(r"moves RMSNorm by up to (\S+) of max\|y\| \(LayerNorm: (\S+)\)", r.detail)
+    assert moved, r.detail
+    assert float(moved.group(1)) > 0.5 and float(moved.group(2)) < 1e-13
+
+
+def test_jacobian_eigenvalue_bounds_follow_weyl():
+    """Relative to rstd: (γ(k_dx + 2) + N·u)·‖S‖_F/rstd + γ(3·k_rstd + 3), where
+    √N ≤ ‖S‖_F/rstd = ‖I + |x̂x̂ᵀ|/N‖_F ≤ √N + mean(x̂²) ≤ √N + 1."""
+    (r,) = identities.run(["jacobian"], quick=True)
+    (part,) = [p for p in r.parts if "eigenvalues" in p.label]
+    n = 16
+    a, b = G(K.k_dx(n) + 2) + n * U64, G(3 * K.k_rstd(n) + 3)
+    assert a * math.sqrt(n) + b <= part.bound <= a * (math.sqrt(n) + 1) + b
+    assert "eps·rstd³, is down to" in r.detail
+
+
+def test_xavier_interval_is_the_exact_chi2_one():
+    from scipy import stats
+
+    (r,) = identities.run(["xavier"], quick=True)
+    (part,) = r.parts
+    size = 400 * 16  # trials × outputs
+    assert part.label == f"N=64, {size} outputs"
+    lo, hi = np.array(stats.chi2.interval(identities.CONFIDENCE, size)) / size
+    assert f"99.99% interval [{lo:.4f}, {hi:.4f}]" in part.note
+    assert part.bound in (pytest.approx(hi - 1.0, rel=1e-12, abs=0.0),
+                          pytest.approx(1.0 - lo, rel=1e-12, abs=0.0))
+
+
+def test_parameter_counts_are_reported_for_flat_and_nested_shapes():
+    (r,) = identities.run(["parameter_count"])
+    assert r.detail.endswith("RMSNorm(64): 64, LayerNorm(64): 128, RMSNorm((4, 16)): 64, "
+                             "LayerNorm((4, 16)): 128")
+
+
+def test_residuals_are_the_worst_errors_computed_independently():
+    """The residual reported is max |error|/scale over the elements, recomputed here from the
+    recorded inputs and outputs: RMSNorm − √N·UnitNorm relative to |x·w|/sqrt(ms + eps), and
+    ⟨dx, x⟩ − eps·rstd²·⟨dx̂, x̂⟩ relative to Σ|x_i|·M_i."""
+    rec = _Recorder("rms_norm_forward", "unit_norm_forward")
+    (r,) = identities.run(["rms_is_scaled_unit_norm"], impl=rec.impl(), quick=True)
+    calls = zip(rec.calls["rms_norm_forward"], rec.calls["unit_norm_forward"], strict=True)
+    for part, ((x, n, w, eps), (_, _, _, n_eps)) in zip(r.parts, calls, strict=True):
+        assert n_eps == n * eps and part.label == f"N={n} eps={eps:g}"
+        y_r = rmsref.rms_norm_forward(x, n, w, eps)[0]
+        y_u = rmsref.unit_norm_forward(x, n, w, n * eps)[0]
+        err = np.abs(y_r - math.sqrt(n) * y_u)
+        scale = np.abs(x * w) / np.sqrt(np.sum(x * x, axis=1, keepdims=True) / n + eps)
+        assert part.residual == pytest.approx(np.max(err / scale), rel=1e-12, abs=0.0)
+
+    rec = _Recorder("rms_norm_backward")
+    (r,) = identities.run(["backward_orthogonality"], impl=rec.impl(), quick=True)
+    rms_parts = [p for p in r.parts if "RMSNorm" in p.label]
+    for part, (dy, x, n, w, eps) in zip(rms_parts, rec.calls["rms_norm_backward"], strict=True):
+        assert part.label == f"N={n} RMSNorm eps={eps:g}"
+        dx = rmsref.rms_norm_backward(dy, x, n, w, eps)[0]
+        rstd = 1.0 / np.sqrt(np.sum(x * x, axis=1) / n + eps)  # (M,)
+        xhat, dxhat = x * rstd[:, None], dy * w
+        big_m = rstd[:, None] * (np.abs(dxhat) + np.abs(xhat)
+                                 * np.mean(np.abs(dxhat * xhat), axis=1, keepdims=True))
+        err = np.abs(np.sum(dx * x, axis=1) - eps * rstd**2 * np.sum(dxhat * xhat, axis=1))
+        s = np.sum(np.abs(x) * big_m, axis=1)
+        if eps == 0.0:  # ⟨dx, x⟩ alone: the same sum, the same bits
+            assert part.residual == pytest.approx(np.max(err / s), rel=1e-12, abs=0.0)
+        else:  # the right side cancels the left: our rstd² (a few ulps off theirs) shows, by
+            # at most 4u·eps·rstd²·|⟨dx̂, x̂⟩| ≤ 4u·Σ|x_i|·M_i
+            assert abs(part.residual - np.max(err / s)) <= 4 * U64, part.label
