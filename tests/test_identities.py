@@ -19,6 +19,7 @@ import pytest
 
 import rmsref
 from rmsref import identities
+from rmsref.identities import k_dx, k_dx_ln, k_rstd, k_rstd_ln, k_y, k_y_ln
 
 pytest.importorskip("scipy", reason="the statistical identities use scipy.stats")
 
@@ -706,28 +707,28 @@ def test_an_implementation_never_looks_up_private_names_and_can_be_copied():
 # module a mutation run cannot reach: mutmut does not mutate decorated functions)
 # ----------------------------------------------------------------------------------------------
 
-G, K = identities.gamma, identities
+G = identities.gamma
 U64 = 2.0**-53
 
 #: identity -> (label pattern, K(N) of the documented total γ(K)); η-free parts only.
 DOCUMENTED_TOTALS = {
-    "rms_is_scaled_unit_norm": [(r"eps=", lambda n: K.k_y(n) + math.ceil((n + 2) / 2) + 8)],
+    "rms_is_scaled_unit_norm": [(r"eps=", lambda n: k_y(n) + math.ceil((n + 2) / 2) + 8)],
     "scale_invariance": [
-        (r"alpha=\S+ eps=0$|-x eps=", lambda n: 2 * K.k_y(n) + 3),
-        (r"eps=0.01 predicted$", lambda n: 2 * K.k_y(n) + n + 11),
+        (r"alpha=\S+ eps=0$|-x eps=", lambda n: 2 * k_y(n) + 3),
+        (r"eps=0.01 predicted$", lambda n: 2 * k_y(n) + n + 11),
     ],
-    "output_rms": [(r"eps=", lambda n: K.k_rstd(n) + math.ceil((n + 1) / 2) + n + 8)],
+    "output_rms": [(r"eps=", lambda n: k_rstd(n) + math.ceil((n + 1) / 2) + n + 8)],
     "backward_orthogonality": [
-        (r"RMSNorm eps=", lambda n: K.k_dx(n) + 2 * n + 3 * K.k_rstd(n) + 6),
+        (r"RMSNorm eps=", lambda n: k_dx(n) + 2 * n + 3 * k_rstd(n) + 6),
     ],
     "dweight_linearity": [  # M = 12 rows
-        (r"^N=\d+ dweight$", lambda n: 2 * (K.k_rstd(n) + 1) + 2 * 12 + 1),
-        (r"linearity dx$", lambda n: 2 * K.k_dx(n) + 5),
-        (r"linearity dweight$", lambda n: 2 * (K.k_rstd(n) + 1 + 12) + 5),
+        (r"^N=\d+ dweight$", lambda n: 2 * (k_rstd(n) + 1) + 2 * 12 + 1),
+        (r"linearity dx$", lambda n: 2 * k_dx(n) + 5),
+        (r"linearity dweight$", lambda n: 2 * (k_rstd(n) + 1 + 12) + 5),
     ],
     "jacobian": [
-        (r"backward rows|JVP columns", lambda n: K.k_dx(n) + 2 * (K.k_rstd(n) + 1)
-         + K.k_rstd(n) + 6),
+        (r"backward rows|JVP columns", lambda n: k_dx(n) + 2 * (k_rstd(n) + 1)
+         + k_rstd(n) + 6),
     ],
 }
 
@@ -750,7 +751,7 @@ def test_rotation_bounds_add_half_the_rotations_departure_from_orthogonality():
     (r,) = identities.run(["rotation_equivariance"], quick=True)
     for part in r.parts:
         n = int(re.match(r"N=(\d+)", part.label).group(1))
-        k = 2 * K.k_y(n) + 9 + (K.k_rstd(n) + 6 if "general w" in part.label else 0)
+        k = 2 * k_y(n) + 9 + (k_rstd(n) + 6 if "general w" in part.label else 0)
         assert G(k) <= part.bound <= G(k) + 2 * U64, part.label
 
 
@@ -777,11 +778,11 @@ def _eta_rows(x, eps):
 
 @pytest.mark.parametrize(("name", "function", "x_arg", "label", "k"), [
     ("rms2_var_mean2", "layer_norm_forward", 0, r"^N=\d+$",
-     lambda n: 2 * K.k_rstd(n) + 2 * K.k_rstd_ln(n) + 2 * n + 10),
+     lambda n: 2 * k_rstd(n) + 2 * k_rstd_ln(n) + 2 * n + 10),
     ("layernorm_is_centred_rmsnorm", "layer_norm_forward", 0, r"^N=\d+$",
-     lambda n: K.k_y_ln(n) + n + 3 + K.k_y(n)),
+     lambda n: k_y_ln(n) + n + 3 + k_y(n)),
     ("backward_orthogonality", "layer_norm_backward", 1, r"LayerNorm sum\(dx\)$",
-     lambda n: K.k_dx_ln(n) + n),
+     lambda n: k_dx_ln(n) + n),
 ])
 def test_layernorm_bounds_add_twice_eta_of_the_worst_row(name, function, x_arg, label, k):
     """η (the mean's error, second order) is per row: the worst element's bound is γ(K) + 2η of
@@ -810,9 +811,9 @@ def test_shift_bounds_are_their_documented_totals():
     for part in r.parts:
         n = int(re.match(r"N=(\d+)", part.label).group(1))
         if "LayerNorm" in part.label:
-            base, top = G(2 * K.k_y_ln(n) + 2), G(2 * K.k_y_ln(n) + 2) * (1 + 1e-9)
+            base, top = G(2 * k_y_ln(n) + 2), G(2 * k_y_ln(n) + 2) * (1 + 1e-9)
         else:
-            base = G(K.k_y(n) + 2) + 0.5 * G(n + 5) + G(4)
+            base = G(k_y(n) + 2) + 0.5 * G(n + 5) + G(4)
             top = base + 25 * G(n + 2)
         assert base <= part.bound <= top, part.label
 
@@ -832,7 +833,7 @@ def test_jacobian_eigenvalue_bounds_follow_weyl():
     (r,) = identities.run(["jacobian"], quick=True)
     (part,) = [p for p in r.parts if "eigenvalues" in p.label]
     n = 16
-    a, b = G(K.k_dx(n) + 2) + n * U64, G(3 * K.k_rstd(n) + 3)
+    a, b = G(k_dx(n) + 2) + n * U64, G(3 * k_rstd(n) + 3)
     assert a * math.sqrt(n) + b <= part.bound <= a * (math.sqrt(n) + 1) + b
     assert "eps·rstd³, is down to" in r.detail
 
