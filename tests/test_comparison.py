@@ -80,11 +80,11 @@ def test_compare_finds_the_planted_error(ref, quantity):
     bad[row, col] += 3.0 * bound[row, col]
     c = compare(quantity, bad, ref, model)
     assert not c.passed and c.worst == (row, col)
-    assert c.ratio == pytest.approx(3.0, rel=1e-8)
-    assert c.max_abs == pytest.approx(3.0 * bound[row, col], rel=1e-8)
-    assert c.max_rel == pytest.approx(3.0 * bound[row, col] / abs(exact[row, col]), rel=1e-8)
+    assert c.ratio == pytest.approx(3.0, rel=1e-8, abs=0)
+    assert c.max_abs == pytest.approx(3.0 * bound[row, col], rel=1e-8, abs=0)
+    assert c.max_rel == pytest.approx(3.0 * bound[row, col] / abs(exact[row, col]), rel=1e-8, abs=0)
     ulp = T.ulp(exact[row, col], np.float32)
-    assert c.max_ulp == pytest.approx(3.0 * bound[row, col] / ulp, rel=1e-8)
+    assert c.max_ulp == pytest.approx(3.0 * bound[row, col] / ulp, rel=1e-8, abs=0)
     np.testing.assert_array_equal(c.reference, exact)
     np.testing.assert_array_equal(c.bound, bound)
     assert c.ratios.shape == exact.shape
@@ -102,7 +102,7 @@ def test_compare_masks_rows_and_scores_non_finite_values(ref):
     assert masked.passed and masked.ratio == 0.0 and masked.max_abs == 0.0
     got[3, 0] += 2.0 * ref.bound("y", model)[3, 0]  # a kept row's error still counts
     masked = compare("y", got, ref, model, mask_rows=keep)
-    assert masked.worst == (3, 0) and masked.ratio == pytest.approx(2.0, rel=1e-8)
+    assert masked.worst == (3, 0) and masked.ratio == pytest.approx(2.0, rel=1e-8, abs=0)
 
 
 def test_compare_of_an_exact_result_is_all_zeros(ref):
