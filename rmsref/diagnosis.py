@@ -197,7 +197,8 @@ def _format(template: str, fields: dict[str, Any]) -> str:
 
 
 def format_ratio(v: float | None) -> str:
-    """A ratio or error figure in at most 8 characters ("-" for none, "inf", "nan")."""
+    """A ratio or error figure in at most 8 characters ("-" for none, "inf", "nan"; a negative
+    figure takes one more, for its sign)."""
     if v is None:
         return "-"
     if not math.isfinite(v):

@@ -5,6 +5,8 @@ Reference: the float64 oracle; bounds: rmsref.tolerance."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -139,3 +141,15 @@ def test_an_empty_batch_with_a_centred_statistic_is_diagnosed():
     rep = validate(layer_norm_like, backward, dtypes=["float32"],
                    probes=["gaussian", "empty"], repeat=False)
     assert "centred_statistic" in [d.code for d in rep.diagnoses], "\n".join(rep.lines())
+
+
+def test_format_ratio_fits_eight_characters_and_says_what_is_missing():
+    from rmsref.diagnosis import format_ratio
+
+    assert format_ratio(None) == "-"
+    assert format_ratio(math.inf) == "inf" and format_ratio(math.nan) == "nan"
+    assert format_ratio(0.0) == "0"
+    assert format_ratio(1e-3) == "0.001" and format_ratio(0.5) == "0.5"
+    assert format_ratio(9.99e-4) == "1.0e-03" and format_ratio(12345.0) == "1.2e+04"
+    assert format_ratio(-2.5) == "-2.5"
+    assert all(len(format_ratio(v)) <= 8 for v in (1e-300, 1e300, 123.456, 9999.0))
