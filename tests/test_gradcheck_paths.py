@@ -344,3 +344,59 @@ def test_the_oracle_configurations_cover_each_op_with_and_without_its_parameters
         assert any(not c.get("bias") for c in mine), op
     assert any(c["op"] == "rms_norm" and c.get("weight") is False for c in cfgs)
     assert any(c["op"] == "layer_norm" and c.get("weight") is False for c in cfgs)
+
+
+# ------------------------------------------------------------------------------------------------
+# third sample: defaults, the record of a run, finite-difference error estimates, small weights
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("op", "default"), [("layer_norm", 1e-5), ("unit_norm", 0.0)])
+def test_oracle_problems_default_to_their_ops_eps(op, default):
+    p = oracle_problem(op, (3, 4))
+    x, w, b = p.inputs
+    fwd = rmsref.layer_norm_forward if op == "layer_norm" else rmsref.unit_norm_forward
+    want = (fwd(x, (4,), w, b, default) if op == "layer_norm" else
+            fwd(x, (4,), w, default, bias=b))[0]
+    np.testing.assert_array_equal(p.forward(*p.inputs), want)
+
+
+def test_a_run_records_its_settings_and_says_passed():
+    r = oracle_problem("rms_norm", (2, 4)).check(second_order=False, seed=7, n_directions=3)
+    assert r.report().startswith("gradcheck: PASSED   method: complex")
+    assert r.settings == {"rtol": r.settings["rtol"], "atol": 0.0, "seed": 7, "n_directions": 3,
+                          "requested_method": "complex", "full": False}
+    d = r.to_dict()
+    assert d["settings"] == r.settings and d["passed"] is True
+    assert set(d) == {"passed", "method", "notes", "evaluations", "settings", "checks"}
+
+
+@pytest.mark.parametrize("method", ["central", "richardson"])
+def test_the_full_jacobian_by_finite_differences_finds_a_wrong_column(method):
+    """Each finite-difference column carries its error estimate into the entry tolerances; a
+    lost estimate (NaN) would make every comparison pass."""
+    from tests.test_gradcheck import _problem_with_bug
+
+    r = gradcheck(*_problem_with_bug("column_127", (2, 256)), full=True, method=method,
+                  second_order=False, names=("x", "weight", "bias"))
+    c = r.check("jacobian", "x")
+    assert c.passed is False and c.worst and c.worst[0].input_index[1] == 127
+
+
+def test_a_wrong_weight_gradient_is_caught_when_the_outputs_are_tiny():
+    """The cancellation floor is relative: an op whose outputs are near 1e-8 (RMSNorm times
+    1e-8) has derivatives near 1e-8, and a dweight off by 1e-6 (relative) is still caught."""
+    p = oracle_problem("rms_norm", (2, 8))
+
+    def forward(x, w, b):
+        return 1e-8 * p.forward(x, w, b)
+
+    def backward(dy, x, w, b, bug=0.0):
+        dx, dw, db = p.backward(1e-8 * dy, x, w, b)
+        return dx, dw * (1 + bug), db
+
+    def wrong(dy, x, w, b):
+        return backward(dy, x, w, b, bug=1e-6)
+
+    ok = gradcheck(forward, backward, p.inputs, names=p.names, second_order=False)
+    assert ok, ok.report()
+    bad = gradcheck(forward, wrong, p.inputs, names=p.names, second_order=False)
+    assert bad.check("vjp", "weight").passed is False, bad.report()
