@@ -706,7 +706,7 @@ def _dxhat_h(dy3, x3, r3, b, i, j, rounded, w, k):
     return (to_f64(dy3[b, i, j]) * w[j]) * _scaled(_h(x3, r3, b, i, j, rounded), k)
 
 
-def _add_dot_py(dy3, x3, r3, b, i, rounded, w, k):
+def _add_dot_py(dy3, x3, r3, b, i, rounded, w, k):  # pragma: no mutate block (jitted below)
     """Σ_j dxhat_j·h_j·2^-k of row (b, i) in the 64 lanes of ``_dot_v3`` (same order)."""
     n = x3.shape[2]
     acc = np.zeros(LANES)
@@ -758,8 +758,9 @@ def _add_dh(dy3, dro3, has_dro, x3, r3, rounded, b, i, j, w, rstd_s, rstd, k, c,
         dw_parts[p, j] += g * hhat  # (8)
 
 
-def _add_bwd_row_py(dy3, dro3, has_dro, x3, r3, rounded, b, i, w, rstd_s, k, c, dx3, dr3,
-                    want_dw, dw_parts, p):
+def _add_bwd_row_py(  # pragma: no mutate block (jitted below)
+    dy3, dro3, has_dro, x3, r3, rounded, b, i, w, rstd_s, k, c, dx3, dr3, want_dw, dw_parts, p
+):
     """dh of one row (``_add_dh`` for every j)."""
     rstd = math.ldexp(rstd_s, -k)
     for j in range(x3.shape[2]):
