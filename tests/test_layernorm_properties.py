@@ -188,6 +188,8 @@ def test_layer_norm_module_is_torch_like(rng):
     np.testing.assert_array_equal(ln.weight, np.ones(8))
     np.testing.assert_array_equal(ln.bias, np.zeros(8))
     assert rmsref.LayerNorm(8, bias=False).bias is None
+    wide = rmsref.LayerNorm(8, dtype=np.float64)
+    assert wide.weight.dtype == wide.bias.dtype == np.float64
     plain = rmsref.LayerNorm(8, 0.25, elementwise_affine=False, dtype=np.float64)
     assert plain.weight is None and plain.bias is None and plain.eps == 0.25
     ln.weight[:] = rng.standard_normal(8)
@@ -268,6 +270,11 @@ def test_results_are_linear_in_the_arguments_they_are_linear_in(rng):
     assert_linear(lambda z: (rmsref.layer_norm_jvp(x, t, 9, pick(z, w, w2)),))
     y = rmsref.layer_norm(x, 9, w, b + 1j * b2)
     np.testing.assert_array_equal(y.imag, np.broadcast_to(b2, x.shape))
+    y = rmsref.layer_norm(x, 9, w + 1j * w2, b)
+    np.testing.assert_allclose(y.imag, rmsref.layer_norm(x, 9, w2), rtol=1e-14, atol=1e-15)
+    jv = rmsref.layer_norm_jvp(x, t + 1j * t2, 9, w, b)
+    np.testing.assert_allclose(jv.imag, rmsref.layer_norm_jvp(x, t2, 9, w, b), rtol=1e-14,
+                               atol=1e-15)
     zero = np.zeros_like(t)
     for kw, kw2 in (({"dweight_tan": tw + 1j * tw2}, {"dweight_tan": tw2}),
                     ({"dbias_tan": tb + 1j * tb2}, {"dbias_tan": tb2})):
