@@ -64,6 +64,7 @@ QUICK_TESTS = [
     "tests/test_conventions.py", "tests/test_conventions_formulas.py",
     "tests/test_conventions_identify.py", "tests/test_out.py", "tests/test_mutation_survivors.py",
     "tests/test_sumsq.py", "tests/test_rounding.py", "tests/test_comparison.py",
+    "tests/test_layernorm_properties.py", "tests/test_unitnorm_properties.py",
 ]
 
 

@@ -31,11 +31,11 @@ from rmsref._rounding import round_to
 from rmsref._shapes import (
     ShapeLike,
     check_out,
+    check_param,
     check_stat_pair,
     compute_dtype,
     into_out,
     param_as_row,
-    param_row,
     prepare,
     resolve_out_dtype,
     result_dtype,
@@ -138,7 +138,7 @@ def layer_norm_forward(
     """
     a = prepare(x, normalized_shape, weight=weight, bias=bias, eps=eps, eps_default=DEFAULT_EPS)
     x, shape, xrows, m, n, eps, weight_arr = a.x, a.shape, a.rows, a.m, a.n, a.eps, a.weight
-    ctype = compute_dtype(x, weight_arr)
+    ctype = compute_dtype(x, weight_arr, a.bias)  # complex if any of them is (complex step)
     dtype = result_dtype(resolve_out_dtype(out_dtype, x), ctype)
     wt = _scale_offset(param_as_row(weight_arr, ctype), 0.0, n, ctype)
     b = param_as_row(a.bias, ctype)
@@ -292,10 +292,11 @@ def layer_norm_jvp(
     a = prepare(x, normalized_shape, weight=weight, bias=bias, eps=eps, eps_default=DEFAULT_EPS,
                 others={"dx_tan": dx_tan})
     x, shape, xrows, eps, m, n, t = a.x, a.shape, a.rows, a.eps, a.m, a.n, a.others["dx_tan"]
-    ctype = compute_dtype(x, t, a.weight)
+    dw_t = check_param(dweight_tan, "dweight_tan", shape)
+    db_t = check_param(dbias_tan, "dbias_tan", shape)
+    ctype = compute_dtype(x, t, a.weight, dw_t, db_t)  # complex if any of them is
     wt = _scale_offset(param_as_row(a.weight, ctype), 0.0, n, ctype)
-    dw_t = param_row(dweight_tan, "dweight_tan", shape, ctype)
-    db_t = param_row(dbias_tan, "dbias_tan", shape, ctype)
+    dw_t, db_t = param_as_row(dw_t, ctype), param_as_row(db_t, ctype)  # (1, N)
     trows = t.reshape(m, n)
 
     dy_t = np.empty((m, n), result_dtype(x.dtype, ctype))
