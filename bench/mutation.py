@@ -65,6 +65,7 @@ QUICK_TESTS = [
     "tests/test_conventions_identify.py", "tests/test_out.py", "tests/test_mutation_survivors.py",
     "tests/test_sumsq.py", "tests/test_rounding.py", "tests/test_comparison.py",
     "tests/test_layernorm_properties.py", "tests/test_unitnorm_properties.py",
+    "tests/test_comparison_options.py", "tests/test_comparison_bounds.py",
 ]
 
 
