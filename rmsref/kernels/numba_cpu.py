@@ -706,7 +706,8 @@ def _dxhat_h(dy3, x3, r3, b, i, j, rounded, w, k):
     return (to_f64(dy3[b, i, j]) * w[j]) * _scaled(_h(x3, r3, b, i, j, rounded), k)
 
 
-def _add_dot_py(dy3, x3, r3, b, i, rounded, w, k):  # pragma: no mutate block (jitted below)
+# pragma: no mutate start (jitted by a call below: mutmut's wrapper would not compile)
+def _add_dot_py(dy3, x3, r3, b, i, rounded, w, k):
     """Σ_j dxhat_j·h_j·2^-k of row (b, i) in the 64 lanes of ``_dot_v3`` (same order)."""
     n = x3.shape[2]
     acc = np.zeros(LANES)
@@ -719,6 +720,7 @@ def _add_dot_py(dy3, x3, r3, b, i, rounded, w, k):  # pragma: no mutate block (j
     return _lane_tree(acc)
 
 
+# pragma: no mutate end
 _add_dot = njit(**_INL)(_add_dot_py)
 _add_dot_scaled_row = njit(**_SER)(_add_dot_py)
 
@@ -758,7 +760,8 @@ def _add_dh(dy3, dro3, has_dro, x3, r3, rounded, b, i, j, w, rstd_s, rstd, k, c,
         dw_parts[p, j] += g * hhat  # (8)
 
 
-def _add_bwd_row_py(  # pragma: no mutate block (jitted below)
+# pragma: no mutate start (jitted by a call below)
+def _add_bwd_row_py(
     dy3, dro3, has_dro, x3, r3, rounded, b, i, w, rstd_s, k, c, dx3, dr3, want_dw, dw_parts, p
 ):
     """dh of one row (``_add_dh`` for every j)."""
@@ -768,6 +771,7 @@ def _add_bwd_row_py(  # pragma: no mutate block (jitted below)
                 want_dw, dw_parts, p)
 
 
+# pragma: no mutate end
 _add_bwd_row = njit(**_INL)(_add_bwd_row_py)
 _add_bwd_scaled_row = njit(**_SER)(_add_bwd_row_py)
 
