@@ -75,3 +75,13 @@ def test_backward_differentiates_at_the_sum_its_rounding_normalises(rng, roundin
 def test_residual_shape_is_checked():
     with pytest.raises(ValueError, match=r"residual has shape \(2, 4\)"):
         rmsref.add_rms_norm(np.ones((2, 3)), np.ones((2, 4)), 3)
+
+
+def test_forward_without_offset_uses_the_weight_as_is(rng):
+    """add_rms_norm_forward's default offset is 0: y = rms_norm(x + residual, weight)."""
+    x, r, w = rng.standard_normal((3, 8)), rng.standard_normal((3, 8)), rng.standard_normal(8)
+    y, res, rstd = rmsref.add_rms_norm_forward(x, r, 8, w, 1e-3)
+    expect_y, expect_rstd = rmsref.rms_norm_forward(x + r, 8, w, 1e-3)
+    np.testing.assert_array_equal(y, expect_y)
+    np.testing.assert_array_equal(rstd, expect_rstd)
+    np.testing.assert_array_equal(res, x + r)
