@@ -85,3 +85,21 @@ def test_forward_without_offset_uses_the_weight_as_is(rng):
     np.testing.assert_array_equal(y, expect_y)
     np.testing.assert_array_equal(rstd, expect_rstd)
     np.testing.assert_array_equal(res, x + r)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+def test_the_two_meanings_coincide_where_the_sum_is_not_rounded(rng, dtype):
+    """float64 and complex128 (complex step) inputs: rounding x + residual to x's dtype changes
+    nothing, so "rounded-sum" gives "fp32-sum"'s results, imaginary parts included."""
+    x, r = (rng.standard_normal((3, 8)).astype(dtype) for _ in range(2))
+    if dtype == np.complex128:
+        x = x + 1e-3j * rng.standard_normal((3, 8))
+    w, dy = rng.standard_normal(8), rng.standard_normal((3, 8))
+    for f in (
+        lambda rounding: rmsref.add_rms_norm_forward(x, r, 8, w, 1e-3, rounding=rounding),
+        lambda rounding: rmsref.add_rms_norm_backward(dy, dy, x, r, 8, w, 1e-3,
+                                                      rounding=rounding),
+    ):
+        for a, b in zip(f("rounded-sum"), f("fp32-sum"), strict=True):
+            assert a.dtype == b.dtype
+            np.testing.assert_array_equal(a, b)
