@@ -103,3 +103,14 @@ def test_the_two_meanings_coincide_where_the_sum_is_not_rounded(rng, dtype):
         for a, b in zip(f("rounded-sum"), f("fp32-sum"), strict=True):
             assert a.dtype == b.dtype
             np.testing.assert_array_equal(a, b)
+
+
+def test_backward_uses_the_offset(rng):
+    """With a weight offset (Gemma) the fused backward is RMSNorm's backward at h = x + residual
+    with that offset, plus the residual's gradient."""
+    x, r, dy, dres = (rng.standard_normal((3, 8)) for _ in range(4))
+    w = rng.standard_normal(8)
+    g = rmsref.add_rms_norm_backward(dy, dres, x, r, 8, w, 1e-3, offset=1.0)
+    expect = rmsref.rms_norm_backward(dy, x + r, 8, w, 1e-3, offset=1.0)
+    np.testing.assert_allclose(g.dx, expect.dx + dres, rtol=1e-14, atol=1e-14)
+    np.testing.assert_allclose(g.dweight, expect.dweight, rtol=1e-14)
