@@ -46,10 +46,10 @@ from rmsref._shapes import (
     NormInputs,
     ShapeLike,
     check_out,
+    check_param,
     compute_dtype,
     into_out,
     param_as_row,
-    param_row,
     prepare,
     resolve_offset,
     resolve_out_dtype,
@@ -288,7 +288,7 @@ def _forward(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Eqs. (1)-(4) on checked inputs: ``(y, rstd)``; ``divisor`` as in ``_stats_rows``."""
     x, shape, xrows, k_feat, m, n = a.x, a.shape, a.rows, a.k_feat, a.m, a.n
-    ctype = compute_dtype(x, a.weight)
+    ctype = compute_dtype(x, a.weight, a.bias)
     dtype = result_dtype(resolve_out_dtype(out_dtype, x), ctype)
     wt = _scale_offset(param_as_row(a.weight, ctype), a.offset, n, ctype)
     b = param_as_row(a.bias, ctype)
@@ -497,10 +497,11 @@ def _jvp(a: NormInputs, dweight_tan: Any, dbias_tan: Any, divisor: int | None = 
     x, shape, xrows, eps, m, n, k_feat = a.x, a.shape, a.rows, a.eps, a.m, a.n, a.k_feat
     t = a.others["dx_tan"]
     divisor = k_feat if divisor is None else divisor
-    ctype = compute_dtype(x, t, a.weight)
+    dw_t = check_param(dweight_tan, "dweight_tan", shape)
+    db_t = check_param(dbias_tan, "dbias_tan", shape)
+    ctype = compute_dtype(x, t, a.weight, dw_t, db_t)
     wt = _scale_offset(param_as_row(a.weight, ctype), a.offset, n, ctype)
-    dw_t = param_row(dweight_tan, "dweight_tan", shape, ctype)
-    db_t = param_row(dbias_tan, "dbias_tan", shape, ctype)
+    dw_t, db_t = param_as_row(dw_t, ctype), param_as_row(db_t, ctype)  # (1, N) or None
     trows = t.reshape(m, n)
 
     dy_t = np.empty((m, n), result_dtype(x.dtype, ctype))
@@ -571,10 +572,11 @@ def rms_norm_double_backward(
                 others={"dy": dy, "ddx": ddx})
     x_in, shape, xrows, eps, m, n, k_feat = a.x, a.shape, a.rows, a.eps, a.m, a.n, a.k_feat
     dy_in, ddx_in, weight_in = a.others["dy"], a.others["ddx"], a.weight
-    ctype = compute_dtype(x_in, dy_in, ddx_in, weight_in)
+    ddw = check_param(ddweight, "ddweight", shape)
+    ddb = check_param(ddbias, "ddbias", shape)
+    ctype = compute_dtype(x_in, dy_in, ddx_in, weight_in, ddw, ddb)
     wt = _scale_offset(param_as_row(weight_in, ctype), a.offset, n, ctype)
-    ddw = param_row(ddweight, "ddweight", shape, ctype)
-    ddb = param_row(ddbias, "ddbias", shape, ctype)
+    ddw, ddb = param_as_row(ddw, ctype), param_as_row(ddb, ctype)  # (1, N) or None
     mask = np.zeros((1, n), ctype)
     mask[:, :k_feat] = 1.0
 
@@ -719,7 +721,7 @@ def add_rms_norm_backward(
     res = a.others["residual"]
     rrows = res.reshape(xrows.shape)
     dy_arr, dres_out, weight_arr = a.others["dy"], a.others.get("dresidual_out"), a.weight
-    ctype = compute_dtype(x_arr, res, dy_arr, weight_arr)
+    ctype = compute_dtype(x_arr, res, dy_arr, dres_out, weight_arr)
     wt = _scale_offset(param_as_row(weight_arr, ctype), a.offset, n, ctype)
     saved = a.stats["rstd"]
     dyrows = dy_arr.reshape(m, n)

@@ -75,3 +75,42 @@ def test_backward_differentiates_at_the_sum_its_rounding_normalises(rng, roundin
 def test_residual_shape_is_checked():
     with pytest.raises(ValueError, match=r"residual has shape \(2, 4\)"):
         rmsref.add_rms_norm(np.ones((2, 3)), np.ones((2, 4)), 3)
+
+
+def test_forward_without_offset_uses_the_weight_as_is(rng):
+    """add_rms_norm_forward's default offset is 0: y = rms_norm(x + residual, weight)."""
+    x, r, w = rng.standard_normal((3, 8)), rng.standard_normal((3, 8)), rng.standard_normal(8)
+    y, res, rstd = rmsref.add_rms_norm_forward(x, r, 8, w, 1e-3)
+    expect_y, expect_rstd = rmsref.rms_norm_forward(x + r, 8, w, 1e-3)
+    np.testing.assert_array_equal(y, expect_y)
+    np.testing.assert_array_equal(rstd, expect_rstd)
+    np.testing.assert_array_equal(res, x + r)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+def test_the_two_meanings_coincide_where_the_sum_is_not_rounded(rng, dtype):
+    """float64 and complex128 (complex step) inputs: rounding x + residual to x's dtype changes
+    nothing, so "rounded-sum" gives "fp32-sum"'s results, imaginary parts included."""
+    x, r = (rng.standard_normal((3, 8)).astype(dtype) for _ in range(2))
+    if dtype == np.complex128:
+        x = x + 1e-3j * rng.standard_normal((3, 8))
+    w, dy = rng.standard_normal(8), rng.standard_normal((3, 8))
+    for f in (
+        lambda rounding: rmsref.add_rms_norm_forward(x, r, 8, w, 1e-3, rounding=rounding),
+        lambda rounding: rmsref.add_rms_norm_backward(dy, dy, x, r, 8, w, 1e-3,
+                                                      rounding=rounding),
+    ):
+        for a, b in zip(f("rounded-sum"), f("fp32-sum"), strict=True):
+            assert a.dtype == b.dtype
+            np.testing.assert_array_equal(a, b)
+
+
+def test_backward_uses_the_offset(rng):
+    """With a weight offset (Gemma) the fused backward is RMSNorm's backward at h = x + residual
+    with that offset, plus the residual's gradient."""
+    x, r, dy, dres = (rng.standard_normal((3, 8)) for _ in range(4))
+    w = rng.standard_normal(8)
+    g = rmsref.add_rms_norm_backward(dy, dres, x, r, 8, w, 1e-3, offset=1.0)
+    expect = rmsref.rms_norm_backward(dy, x + r, 8, w, 1e-3, offset=1.0)
+    np.testing.assert_allclose(g.dx, expect.dx + dres, rtol=1e-14, atol=1e-14)
+    np.testing.assert_allclose(g.dweight, expect.dweight, rtol=1e-14)

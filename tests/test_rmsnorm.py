@@ -540,3 +540,240 @@ def test_property_matches_naive(m, n, seed):
     np.testing.assert_allclose(
         rmsref.rms_norm(x, n, w, 1e-5), naive.rms_norm(x, n, w, 1e-5), rtol=4e-15, atol=1e-300
     )
+
+
+# ---------------------------------------------------------------- every path of every function
+#
+# x of shape (2, 2, 3) normalised over (2, 3): M = 2 rows of N = 6, so a result left as (M, N)
+# rows or a parameter gradient left flat is caught by its shape.
+
+NS = (2, 3)
+
+
+def _arrays(rng, names):
+    """Real random arrays for the named arguments (parameters and their tangents: shape NS)."""
+    per_feature = ("weight", "bias", "dweight_tan", "dbias_tan", "ddweight", "ddbias")
+    return {k: rng.standard_normal(NS if k in per_feature else (2, *NS)) for k in names}
+
+
+#: name -> (call on a dict of arrays and an offset, the array arguments). Each returns a tuple.
+CALLS = {
+    "forward": (lambda a, o: rmsref.rms_norm_forward(a["x"], NS, a["weight"], 1e-3,
+                                                     bias=a["bias"], offset=o),
+                ("x", "weight", "bias")),
+    "backward": (lambda a, o: rmsref.rms_norm_backward(a["dy"], a["x"], NS, a["weight"], 1e-3,
+                                                       offset=o),
+                 ("dy", "x", "weight")),
+    "staged": (lambda a, o: rmsref.rms_norm_backward_staged(a["dy"], a["x"], NS, a["weight"],
+                                                            1e-3, offset=o),
+               ("dy", "x", "weight")),
+    "jvp": (lambda a, o: (rmsref.rms_norm_jvp(a["x"], a["dx_tan"], NS, a["weight"], 1e-3,
+                                              dweight_tan=a.get("dweight_tan"), bias=a["bias"],
+                                              dbias_tan=a.get("dbias_tan"), offset=o),),
+            ("x", "dx_tan", "weight", "dweight_tan", "dbias_tan")),
+    "double_backward": (lambda a, o: rmsref.rms_norm_double_backward(
+        a["ddx"], a["dy"], a["x"], NS, a["weight"], 1e-3, ddweight=a.get("ddweight"),
+        ddbias=a.get("ddbias"), offset=o),
+        ("ddx", "dy", "x", "weight", "ddweight", "ddbias")),
+    "add_forward": (lambda a, o: rmsref.add_rms_norm_forward(a["x"], a["residual"], NS,
+                                                             a["weight"], 1e-3, offset=o),
+                    ("x", "residual", "weight")),
+    "add_backward": (lambda a, o: rmsref.add_rms_norm_backward(
+        a["dy"], a["dresidual_out"], a["x"], a["residual"], NS, a["weight"], 1e-3, offset=o),
+        ("dy", "dresidual_out", "x", "residual", "weight")),
+}
+CALL_ARGS = [(c, arg) for c, (_, args) in CALLS.items() for arg in args]
+
+
+@pytest.mark.parametrize(("call", "arg"), CALL_ARGS)
+def test_any_one_complex_argument_is_a_complex_step(rng, call, arg):
+    """Complex-step differentiation along any one argument: with that argument alone complex,
+    a + i·h·v, every result is complex, its real part is the real result and its imaginary
+    part / h is the derivative along v, as central differences of the real function give it
+    (the imaginary part is carried through every step, never dropped)."""
+    f, names = CALLS[call]
+    a = _arrays(rng, (*names, "bias"))
+    v = rng.standard_normal(a[arg].shape)
+    h, d = 1e-20, 1e-6
+    step = f({**a, arg: a[arg] + 1j * h * v}, 0.5)
+    real = f(a, 0.5)
+    up, down = f({**a, arg: a[arg] + d * v}, 0.5), f({**a, arg: a[arg] - d * v}, 0.5)
+    for got, r, u, w in zip(step, real, up, down, strict=True):
+        if r is None:  # dbias without a bias
+            assert got is None
+            continue
+        assert got.dtype.kind == "c", f"{call}: {arg} complex, a result is {got.dtype}"
+        np.testing.assert_allclose(got.real, r, rtol=1e-14, atol=1e-14)
+        fd = (u - w) / (2 * d)
+        np.testing.assert_allclose(got.imag / h, fd, rtol=0, atol=1e-7 * max(1.0, np.max(abs(fd))))
+
+
+@pytest.mark.parametrize("offset", [0.0, 0.5])
+@pytest.mark.parametrize("call", sorted(CALLS))
+def test_no_weight_is_a_weight_of_ones(rng, call, offset):
+    """Without a weight (and without the optional tangents and cotangents) every function uses
+    the scale 1 + offset: its results equal those with a weight of ones and zero tangents, in
+    x's shape; the gradient w.r.t. the absent weight is None."""
+    f, names = CALLS[call]
+    a = _arrays(rng, (*names, "bias"))
+    optional = ("dweight_tan", "dbias_tan", "ddweight", "ddbias")
+    none = {k: v for k, v in a.items() if k not in optional} | {"weight": None}
+    ones = {k: (np.zeros(NS) if k in optional else v) for k, v in a.items()}
+    ones["weight"] = np.ones(NS)
+    for got, expect in zip(f(none, offset), f(ones, offset), strict=True):
+        if expect is None:
+            assert got is None
+        elif expect.shape == NS:  # the weight's gradient: None without a weight
+            assert got is None
+        else:
+            rstd_shape = (2, 1, 1)  # one statistic per row, broadcastable against x
+            assert got.shape == expect.shape == (rstd_shape if expect.size == 2 else a["x"].shape)
+            np.testing.assert_allclose(got, expect, rtol=1e-15, atol=1e-15)
+    if call == "staged":  # the teaching backward is the closed form on this path too
+        closed = rmsref.rms_norm_backward(a["dy"], a["x"], NS, None, 1e-3, offset=offset)
+        np.testing.assert_allclose(f(none, offset).dx, closed.dx, rtol=1e-13, atol=1e-14)
+
+
+#: The dtype of each argument in the mixed-dtype test, and of each call's results (the dtype of
+#: the argument it is the gradient or image of; rstd is always float64).
+MIXED = {"x": np.float32, "dy": np.float16, "weight": bfloat16, "residual": np.float64}
+RESULT_OF = {
+    "forward": ("x", None), "backward": ("x", "weight", None), "staged": ("x", "weight", None),
+    "jvp": ("x",), "double_backward": ("x", "weight", "dy"), "add_forward": ("x", "residual", None),
+    "add_backward": ("x", "residual", "weight"),
+}
+
+
+@pytest.mark.parametrize("call", sorted(CALLS))
+def test_each_result_is_the_float64_result_rounded_once_to_its_own_dtype(rng, call):
+    """Arguments of four different dtypes: every result is the result of the same call on the
+    float64 values of the arguments, rounded once to the dtype of the argument it belongs to
+    (dx: x's, dweight: the weight's, ddy: dy's, dresidual and new_residual: the residual's)."""
+    f, names = CALLS[call]
+    a = {k: v.astype(MIXED.get(k, np.float32)) for k, v in _arrays(rng, (*names, "bias")).items()}
+    exact = {k: v.astype(np.float64) for k, v in a.items()}
+    for got, expect, owner in zip(f(a, 0.5), f(exact, 0.5), RESULT_OF[call], strict=True):
+        if owner is None and expect is not None and expect.size == 2:  # rstd, kept in float64
+            assert got.dtype == np.float64
+            np.testing.assert_array_equal(got, expect)
+        elif owner is None:  # dbias without a bias
+            assert got is None and expect is None
+        else:
+            assert got.dtype == np.dtype(MIXED.get(owner, np.float32)), (call, owner, got.dtype)
+            np.testing.assert_array_equal(got, round_to(expect, got.dtype))
+
+
+def test_backward_uses_the_given_rstd_as_is(rng):
+    """A kernel's own saved statistic (here 1.5x the true one) is used, not recomputed:
+    xhat = x·rstd and eqs. (5)-(9) written out; the fused backward does the same on h."""
+    x, dy, w = rng.standard_normal((3, 8)), rng.standard_normal((3, 8)), rng.standard_normal(8)
+    rstd = 1.5 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + 1e-3)  # (3, 1)
+    xhat, dxhat = x * rstd, dy * w
+    dx = rstd * (dxhat - xhat * np.mean(dxhat * xhat, axis=-1, keepdims=True))
+    g = rmsref.rms_norm_backward(dy, x, 8, w, 1e-3, rstd=rstd, bias=w)
+    np.testing.assert_allclose(g.dx, dx, rtol=1e-13, atol=1e-14)
+    np.testing.assert_allclose(g.dweight, np.sum(dy * xhat, axis=0), rtol=1e-13)
+    np.testing.assert_allclose(g.dbias, np.sum(dy, axis=0), rtol=1e-13)
+    r = rng.standard_normal((3, 8))
+    h = x - r
+    fused = rmsref.add_rms_norm_backward(dy, None, h, r, 8, w, 1e-3, rstd=rstd)
+    np.testing.assert_allclose(fused.dx, dx, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(fused.dweight, np.sum(dy * xhat, axis=0), rtol=1e-12)
+
+
+def test_a_complex_saved_rstd_keeps_its_imaginary_part(rng):
+    """Complex step through a backward that is given the forward's (complex) rstd: the same
+    gradients as when it recomputes rstd, imaginary parts included."""
+    x = rng.standard_normal((3, 8)) + 1e-3j * rng.standard_normal((3, 8))
+    r, dy, w = rng.standard_normal((3, 8)), rng.standard_normal((3, 8)), rng.standard_normal(8)
+    rstd = rmsref.rms_norm_forward(x, 8, w, 1e-3)[1]
+    for with_rstd, recomputed in (
+        (rmsref.rms_norm_backward(dy, x, 8, w, 1e-3, rstd=rstd),
+         rmsref.rms_norm_backward(dy, x, 8, w, 1e-3)),
+        (rmsref.add_rms_norm_backward(dy, None, x, r, 8, w, 1e-3,
+                                      rstd=rmsref.add_rms_norm_forward(x, r, 8, w, 1e-3)[2]),
+         rmsref.add_rms_norm_backward(dy, None, x, r, 8, w, 1e-3)),
+    ):
+        for a, b in zip(with_rstd, recomputed, strict=True):
+            if b is not None:
+                np.testing.assert_allclose(a, b, rtol=1e-14, atol=1e-15)
+
+
+def test_a_negative_zero_weight_gives_a_signed_zero(rng):
+    """The weight is used as given, bit for bit: w_j = -0.0 gives y_j = -0.0 where x_j > 0."""
+    x = rng.uniform(0.5, 1.5, (2, 4))
+    w = np.array([1.0, -0.0, 2.0, 0.0])
+    y = rmsref.rms_norm(x, 4, w, 1e-6)
+    assert np.all(np.signbit(y[:, 1])) and not np.any(np.signbit(y[:, 3]))
+
+
+def test_out_shares_no_memory_with_any_input_naming_which(rng):
+    """out= overlapping an input is refused, naming that input."""
+    buf = np.zeros((2, 4))
+    x = rng.standard_normal((2, 4))
+    with pytest.raises(ValueError, match="with x;"):
+        rmsref.rms_norm_forward(buf, 4, out=buf)
+    with pytest.raises(ValueError, match="with weight;"):
+        rmsref.rms_norm_forward(x, 4, buf[0], out=buf)
+    with pytest.raises(ValueError, match="with bias;"):
+        rmsref.rms_norm_forward(x, 4, bias=buf[1], out=buf)
+    with pytest.raises(ValueError, match="with x;"):
+        rmsref.rms_norm_backward(x, buf, 4, out=buf)
+    with pytest.raises(ValueError, match="with dy;"):
+        rmsref.rms_norm_backward(buf, x, 4, out=buf)
+
+
+@pytest.mark.parametrize(
+    ("call", "name"),
+    [
+        (lambda x, bad: rmsref.rms_norm_jvp(x, x, 4, dweight_tan=bad), "dweight_tan"),
+        (lambda x, bad: rmsref.rms_norm_jvp(x, x, 4, dbias_tan=bad), "dbias_tan"),
+        (lambda x, bad: rmsref.rms_norm_jvp(x, x, 4, bias=bad), "bias"),
+        (lambda x, bad: rmsref.rms_norm_double_backward(x, x, x, 4, ddweight=bad), "ddweight"),
+        (lambda x, bad: rmsref.rms_norm_double_backward(x, x, x, 4, ddbias=bad), "ddbias"),
+    ],
+)
+def test_every_argument_is_checked_and_named(call, name):
+    """A parameter, tangent or cotangent of the wrong shape is refused, naming it (the bias of
+    the JVP too, although it adds no term)."""
+    with pytest.raises(ValueError, match=f"^{name} has shape \\(3,\\)"):
+        call(np.ones((2, 4)), np.ones(3))
+
+
+@pytest.mark.parametrize("call", sorted(CALLS))
+def test_non_finite_rows_need_no_floating_point_flags(rng, call):
+    """A row with an inf and a row with a NaN give NaN/inf in their own rows even under
+    np.errstate(all="raise"): the oracle sets its own floating-point error state."""
+    f, names = CALLS[call]
+    a = _arrays(rng, (*names, "bias"))
+    a["x"][0, 0, 0], a["x"][1, 1, 2] = np.inf, np.nan
+    with np.errstate(all="raise"):
+        results = f(a, 0.5)
+    assert any(r is not None and not np.all(np.isfinite(r)) for r in results)
+
+
+def test_module_passes_every_option_on(rng):
+    """RMSNorm(..., eps, bias=True, dtype, offset): forward and backward are the functions
+    called with the module's eps, weight, bias and offset; the parameters have its dtype."""
+    m = rmsref.RMSNorm(NS, eps=0.25, bias=True, dtype=np.float64, offset=0.5)
+    assert m.weight.dtype == m.bias.dtype == np.float64
+    m.weight[...] = rng.standard_normal(NS)
+    m.bias[...] = rng.standard_normal(NS)
+    x, dy = rng.standard_normal((2, *NS)), rng.standard_normal((2, *NS))
+    kw = {"bias": m.bias, "offset": 0.5}
+    np.testing.assert_array_equal(m(x), rmsref.rms_norm_forward(x, NS, m.weight, 0.25, **kw)[0])
+    got, expect = m.backward(dy, x), rmsref.rms_norm_backward(dy, x, NS, m.weight, 0.25, **kw)
+    for a, b in zip(got, expect, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert got.dbias is not None
+
+
+def test_an_empty_batch_has_zero_parameter_gradients(rng):
+    """M = 0 rows: dweight and dbias are zeros of the parameter's shape (complex when the
+    computation is), from the backward and from the double backward."""
+    x = np.zeros((0, *NS)) + 0j
+    w = rng.standard_normal(NS)
+    dd = rmsref.rms_norm_double_backward(x, x, x, NS, w, 1e-3)
+    g = rmsref.rms_norm_backward(x, x, NS, w, 1e-3, bias=w)
+    for grad in (dd.dweight, g.dweight, g.dbias):
+        assert grad.shape == NS and grad.dtype == np.complex128 and not np.any(grad)
