@@ -252,9 +252,6 @@ def test_results_are_linear_in_the_arguments_they_are_linear_in(rng):
     assert_linear(lambda z: (rmsref.unit_norm_jvp(x, t, 9, pick(z, w, w2)),))
 
 
-@pytest.mark.xfail(strict=True, reason="the row kernels shared with RMSNorm take the compute "
-                   "dtype from x, the weight and the tangent only: a complex bias, or a complex "
-                   "tangent of a parameter alone, loses its imaginary part")
 def test_a_complex_bias_or_parameter_tangent_alone_is_not_discarded(rng):
     import warnings
 
