@@ -458,14 +458,6 @@ def param_as_row(p: np.ndarray | None, ctype: np.dtype) -> np.ndarray | None:
     return None if p is None else p.reshape(1, -1).astype(ctype)
 
 
-def param_row(p: Any, name: str, shape: tuple[int, ...], ctype: np.dtype) -> np.ndarray | None:
-    """A validated per-feature parameter as a (1, N) row in the compute dtype (or None)."""
-    arr = check_param(p, name, shape)
-    if arr is None:
-        return None
-    return arr.reshape(1, -1).astype(ctype)
-
-
 def stat_shape(x: np.ndarray, shape: tuple[int, ...]) -> tuple[int, ...]:
     """Shape of a saved per-row statistic: the leading dims, then 1 per normalised dim."""
     return tuple(x.shape[: x.ndim - len(shape)]) + (1,) * len(shape)
