@@ -186,7 +186,7 @@ def table(generated: list[str], result: dict[str, str], equivalent: dict[str, st
         "",
         f"Written by `python bench/mutation.py {mode}`"
         + ("" if mode.startswith("--report") else f" in {seconds / 60:.1f} min")
-        + " (see bench/mutation.py). *killed* includes crashes of the test run and timeouts "
+        + " (see bench/mutation.py). *killed* includes timeouts "
         "(the tests took over 20x their usual CPU time: a hang, or a mutant that only slows "
         "the oracle down, such as smaller row chunks; counted as caught); "
         "*equivalent*: survivors that cannot change any result (reason below); "
