@@ -45,10 +45,13 @@ EQUIVALENT = ROOT / "bench" / "mutation_equivalent.toml"
 #: mutant name -> module: "rmsref.tolerance.x_bound__mutmut_3",
 #: "rmsref.rmsnorm.xǁ_ColumnSumǁadd__mutmut_1" (a method)
 _MODULE = re.compile(r"^(?P<module>.+?)\.x(?:_|ǁ)")
-#: Statuses of a mutant the tests caught: a failure, a hang (timeout), or a crash or unexpected exit
-#: code of the test run ("suspicious", "segfault"). "no tests" (no test calls the mutated code)
-#: and "survived" are not caught.
-KILLED = ("killed", "timeout", "suspicious", "segfault")
+#: Statuses of a mutant the tests caught: a failure or a hang (timeout). "no tests" (no test calls
+#: the mutated code) and "survived" are not caught.
+KILLED = ("killed", "timeout")
+#: A crash or an unexpected exit code of the forked test run (SIGABRT, SIGSEGV, ...): not a test
+#: failing, so not counted as caught. Its own column in the table, and rerun by --rerun: a crash
+#: of the fork itself (a thread pool inherited from the parent) says nothing of the mutant.
+CRASHED = ("suspicious", "segfault")
 
 
 #: --quick samples from the oracle, the rounding, the tolerance model and the conventions,
@@ -100,14 +103,23 @@ def scratch_copy(modules: list[str], tests: list[str] | None = None) -> Path:
 
 #: mutmut forks one child per mutant from a process that has run the tests; a BLAS or OpenMP
 #: thread pool alive at the fork can deadlock the child, which then reads as a timeout (a false
-#: kill). One thread each: no pool to inherit.
-SINGLE_THREADED = {v: "1" for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
-                                    "NUMBA_NUM_THREADS")}
+#: kill). One thread each: no pool to inherit. Numba's parallel kernels need more: its default
+#: layer here is GNU OpenMP (TBB is not installed), whose pool aborts a forked child ("fork()
+#: called from a process already using GNU OpenMP, this is unsafe", SIGABRT: "suspicious") even
+#: with one thread; its "workqueue" layer resets itself in the child (pthread_atfork), the one
+#: fork-safe layer Numba has on Linux without TBB.
+FORK_SAFE = {**{v: "1" for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                                 "NUMBA_NUM_THREADS")},
+             "NUMBA_THREADING_LAYER": "workqueue"}
 
 
 def mutmut(work: Path, *args: str, check: bool = True) -> str:
+    """``python -m mutmut ARGS`` in ``work``, fork-safe, with Numba's on-disk cache in the
+    scratch copy: the kernels compiled by the first test run are loaded, not compiled again, by
+    every later one (the mutated module's jitted bodies are never mutated, so never stale)."""
+    env = {**os.environ, **FORK_SAFE, "NUMBA_CACHE_DIR": str(work / ".numba-cache")}
     run = subprocess.run([sys.executable, "-m", "mutmut", *args], cwd=work, capture_output=True,
-                         text=True, env={**os.environ, **SINGLE_THREADED})
+                         text=True, env=env)
     if check and run.returncode != 0:
         raise RuntimeError(f"mutmut {' '.join(args[:3])} failed ({run.returncode}):\n"
                            f"{run.stdout[-2000:]}\n{run.stderr[-4000:]}")
@@ -174,28 +186,32 @@ def table(generated: list[str], result: dict[str, str], equivalent: dict[str, st
         "",
         f"Written by `python bench/mutation.py {mode}`"
         + ("" if mode.startswith("--report") else f" in {seconds / 60:.1f} min")
-        + " (see bench/mutation.py). *killed* includes crashes of the test run and timeouts "
+        + " (see bench/mutation.py). *killed* includes timeouts "
         "(the tests took over 20x their usual CPU time: a hang, or a mutant that only slows "
         "the oracle down, such as smaller row chunks; counted as caught); "
         "*equivalent*: survivors that cannot change any result (reason below); "
-        "score = killed / (run − equivalent).",
+        "*crashed*: the forked test run died (mutmut's \"suspicious\" or \"segfault\"), "
+        "neither caught nor survived: not in the score, rerun them (`--rerun`); "
+        "score = killed / (run − crashed − equivalent).",
         "",
-        "| module | generated | run | killed | of which timeout | survived | equivalent | score |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| module | generated | run | killed | of which timeout | crashed | survived | equivalent "
+        "| score |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     per_module = Counter(module_of(n) for n in generated)
     survivors = []
     for module in sorted(per_module):
         mine = {n: s for n, s in ran.items() if module_of(n) == module}
         killed = sum(s in KILLED for s in mine.values())
-        surv = [n for n, s in mine.items() if s not in KILLED]
+        crashed = sum(s in CRASHED for s in mine.values())
+        surv = [n for n, s in mine.items() if s not in KILLED + CRASHED]
         eq = [n for n in surv if n in equivalent]
         survivors += surv
-        live = len(mine) - len(eq)
+        live = len(mine) - crashed - len(eq)
         score = f"{100 * killed / live:.0f} %" if live else "–"
         timeouts = sum(s == "timeout" for s in mine.values())
         lines.append(f"| {module} | {per_module[module]} | {len(mine)} | {killed} | {timeouts} | "
-                     f"{len(surv) - len(eq)} | {len(eq)} | {score} |")
+                     f"{crashed} | {len(surv) - len(eq)} | {len(eq)} | {score} |")
     not_run = len(generated) - len(ran)
     lines += ["", f"Not run: {not_run} of {len(generated)} mutants.", ""]
     if survivors:
@@ -219,8 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--quick", action="store_true", help="a fixed random sample of mutants")
     mode.add_argument("--full", action="store_true", help="every mutant (hours)")
     mode.add_argument("--rerun", action="store_true",
-                      help="with --workdir: run its survivors (and mutants no test reached) "
-                           "again, against the checkout's current tests")
+                      help="with --workdir: run its survivors (and the mutants no test reached "
+                           "or whose test run crashed) again, against the checkout's current "
+                           "tests")
     mode.add_argument("--report", action="store_true",
                       help="only write the table of what --workdir's runs have checked")
     parser.add_argument("--sample", type=int, default=24, help="mutants in --quick (24)")
@@ -261,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.rerun:
             refresh_tests(work)
             before = statuses(work)
-            chosen = [n for n in names if before.get(n) in ("survived", "no tests")]
+            chosen = [n for n in names if before.get(n) in ("survived", "no tests", *CRASHED)]
         if args.report:
             chosen = []
         print(f"{len(names)} mutants generated in {len(modules)} modules; running {len(chosen)}",
@@ -284,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(text)
         print(text)
-        live = [n for n in chosen if result.get(n) not in KILLED and n not in equivalent]
+        live = [n for n in chosen if result.get(n) not in KILLED + CRASHED and n not in equivalent]
         if live:
             print(f"{len(live)} mutant(s) survived and are not marked equivalent", file=sys.stderr)
         return SURVIVED if live and args.quick else 0
