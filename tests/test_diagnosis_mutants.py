@@ -232,3 +232,20 @@ def test_spread_samples_every_kind_of_case_first():
     assert diagnosis._spread(many[:9]) == many[:8]
     assert diagnosis._spread(many, 16) == many[:16]
     assert diagnosis._spread(many[:8]) == many[:8]
+
+
+@pytest.mark.parametrize("p,n,scale", [
+    ("N", 64, 64.0), ("N/(N-1)", 64, 64 / 63), ("(N-1)/N", 64, 63 / 64), ("1/N", 64, 1 / 64),
+    ("N/(N-1)", 2, 2.0), ("N/(N-1)", 1, np.inf), (0.5, 64, 0.5), (-1.0, 7, -1.0),
+])
+def test_projection_scales_resolve_per_case(p, n, scale):
+    """The named scales of the path through rstd are the factors real mistakes put there."""
+    assert diagnosis._projection(H(projection=p), n) == scale
+
+
+def test_a_fitted_eps_snaps_to_a_named_value_within_one_percent():
+    assert diagnosis._snap(1.009e-6) == 1e-6 and diagnosis._snap(0.991e-6) == 1e-6
+    assert diagnosis._snap(1.011e-6) == 1.01e-6                   # 1.1 % away: kept, 3 digits
+    assert diagnosis._snap(2.0**-23 * 1.005) == 2.0**-23
+    assert diagnosis._snap(3.14159e-4) == 3.14e-4                 # no name near: 3 digits
+    assert diagnosis._snap(0.0) == 0.0 and diagnosis._snap(5e-15) == 5e-15   # 0 has no 1 % band
