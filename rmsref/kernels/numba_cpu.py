@@ -448,8 +448,8 @@ def _rms_bwd_row(g3, x3, b, i, w, kf, rstd_s, k, s, dx3, want_dw, want_db, dw_pa
     c = _coef(s, g3, x3, b, i, w, kf, rstd_s, k)  # (6) c = (1/K) Σ dxhat·xhat
     if k == 0 and kf == n:
         # The common row, unswitched by hand: no per-element scaling test or K test, so the loop
-        # vectorises (with them: 4.4x instead of 2.5x the copy time at 65536x512 in one loaded
-        # run). Same operations as the general loop below, so the same bits.
+        # vectorises (with them it does not, and the row costs well above the copy time).
+        # Same operations as the general loop below, so the same bits.
         for j in range(n):
             g = to_f64(g3[b, i, j])
             xhat = to_f64(x3[b, i, j]) * rstd_s  # (3)
@@ -561,8 +561,8 @@ def _rms_bwd_v5(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, d
                 db_parts):
     """v5: the common call runs ``_rms_bwd_pipelined`` (when every saved rstd is in the range
     its unscaled sums allow), every other call v3 (a Python-level choice: one kernel holding both
-    paths is what v4 is). For those other calls v4 never pipelines, so it runs v3's operations;
-    v3 compiles in about half of v4's time."""
+    paths is what v4 is). For those other calls v4 never pipelines, so it runs v3's operations,
+    and v3 compiles faster (bench/compile.py measures each kernel's first call)."""
     if (has_rstd and kf == x3.shape[2] and want_dw and not want_db
             and _saved_rstd_in_range(rstd_in)):
         _rms_bwd_pipelined(dy3, x3, w, rstd_in, dx3, dw_parts)
