@@ -1,10 +1,12 @@
 """Rounding float64 results to the output dtype exactly once.
 
 NumPy rounds float64 -> float32 and float64 -> float16 correctly (round to nearest, ties to even).
-ml_dtypes' float64 -> bfloat16 cast goes through float32 and so rounds *twice*: 1 + 2**-8 + 2**-40
-becomes 1 + 2**-8 in float32 (a tie) and then 1 in bfloat16, where the correctly rounded result is
-1 + 2**-7. ``round_to`` avoids that with round-to-odd: float64 -> float32 rounded to odd keeps a
-sticky bit, and float32 has 16 bits more than bfloat16, so the final RNE step is exact.
+A float64 -> bfloat16 cast through float32 rounds *twice* (older ml_dtypes releases cast that way;
+0.7 rounds once, and rmsref accepts ml_dtypes >= 0.3): 1 + 2**-8 + 2**-40 becomes 1 + 2**-8 in
+float32 (a tie) and then 1 in bfloat16, where the correctly rounded result is 1 + 2**-7.
+``round_to`` rounds once whatever the installed release, with round-to-odd: float64 -> float32
+rounded to odd keeps a sticky bit, and float32 has 16 bits more than bfloat16, so the final RNE
+step is exact.
 """
 
 from __future__ import annotations
