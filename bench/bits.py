@@ -27,6 +27,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+#: the tree whose rmsref is imported: this checkout, or the other commit's worktree (--against)
+TREE = os.environ.get("RMSREF_BITS_TREE", str(ROOT))
 
 
 def _hash(*arrays) -> str:
@@ -88,22 +90,34 @@ def _parse(text: str) -> dict[str, str]:
     return dict(line.split(" ", 1) for line in text.splitlines() if " " in line)
 
 
+def _run_on(tree: Path, argv: list[str], env: dict[str, str] | None = None) -> str:
+    """This script's output with ``tree``'s rmsref imported; its stderr shown if it fails."""
+    env = dict(os.environ if env is None else env, RMSREF_BITS_TREE=str(tree))
+    done = subprocess.run([sys.executable, __file__, *argv], cwd=tree, env=env,
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"bits.py failed on {tree}:\n{done.stderr}")
+    return done.stdout
+
+
 def against(rev: str, argv: list[str]) -> int:
     """Run this script on ``rev`` (a temporary worktree) and here; print the differences."""
+    known = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet",
+                            f"{rev}^{{commit}}"], capture_output=True, text=True)
+    if known.returncode != 0:
+        print(f"bits.py: --against {rev!r} is not a commit of {ROOT}", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory(prefix="rmsref-bits-") as tmp:
         tree = Path(tmp) / "tree"
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(tree),
                         rev], check=True)
         try:
-            env = dict(os.environ, NUMBA_CACHE_DIR=str(Path(tmp) / "numba-cache"),
-                       PYTHONPATH=str(tree))
-            theirs = subprocess.run([sys.executable, __file__, *argv], cwd=tree, env=env,
-                                    check=True, capture_output=True, text=True).stdout
+            env = dict(os.environ, NUMBA_CACHE_DIR=str(Path(tmp) / "numba-cache"))
+            theirs = _run_on(tree, argv, env)
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
                            check=False)
-    ours = subprocess.run([sys.executable, __file__, *argv], cwd=ROOT, check=True,
-                          capture_output=True, text=True).stdout
+    ours = _run_on(ROOT, argv)
     old, new = _parse(theirs), _parse(ours)
     differ = sorted(k for k in old.keys() & new.keys() if old[k] != new[k])
     only = sorted(old.keys() ^ new.keys())
@@ -138,4 +152,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.path.insert(0, TREE)  # this tree's rmsref, whatever is installed
+    try:
+        sys.exit(main())
+    except BrokenPipeError:  # `| head`: the reader has what it wanted
+        sys.stderr.close()
+        sys.exit(0)
