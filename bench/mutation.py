@@ -302,6 +302,10 @@ def main(argv: list[str] | None = None) -> int:
         args.output.write_text(text)
         print(text)
         live = [n for n in chosen if result.get(n) not in KILLED + CRASHED and n not in equivalent]
+        crashed = [n for n in chosen if result.get(n) in CRASHED]
+        if crashed:
+            print(f"{len(crashed)} mutant(s) whose test run crashed, neither caught nor survived "
+                  "(rerun them with --rerun)", file=sys.stderr)
         if live:
             print(f"{len(live)} mutant(s) survived and are not marked equivalent", file=sys.stderr)
         return SURVIVED if live and args.quick else 0
