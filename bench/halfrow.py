@@ -11,8 +11,9 @@ this script takes the memory out (two rows of x and dy, a weight row and an outp
 - sumsq: Σx² of a row in the 64 lanes (``_sumsq_v3``): the decode alone, plus a multiply-add.
 - encode exact: y_j = round(x_j·rstd·w_j) written with ``from_f64`` (exact for any value: the
   float16 write, and the bfloat16 rows that the fast route hands back).
-- fwd row: the forward's pipelined row (``_write_and_sumsq``): write row r, sum row r + 1
-  (bfloat16: ``from_f64_normal``, the integer route).
+- fwd row: the forward's pipelined row (``_write_and_sumsq``): write row r, sum row r + 1, in
+  the working precision (float32 for half types: ``_halfbits.to_work``).
+- write row: the forward's unpipelined write (``_rms_write``), which half rows take.
 - bwd row: the backward's pipelined row (``_bwd_row_and_dot``).
 
 Times are the minimum over interleaved rounds (the machine may be shared), in ns per element.
@@ -28,7 +29,7 @@ import numpy as np
 
 import rmsref
 from rmsref.kernels import numba_cpu as K
-from rmsref.kernels._halfbits import from_f64, to_f64
+from rmsref.kernels._halfbits import from_f64, to_f64, work_row, work_scalar
 
 
 def _kernels():
@@ -53,9 +54,17 @@ def _kernels():
     @njit(**opts)
     def fwd_row(x3, w, y3, reps):
         t = 0.0
+        ww = work_row(w, x3, y3)
         for rep in range(reps):
-            t += K._write_and_sumsq(x3, 0, 0, w, y3, 1.0 + rep * 1e-9, 0, 1)
+            rstd_w = work_scalar(1.0 + rep * 1e-9, x3, y3)
+            t += K._write_and_sumsq(x3, 0, 0, ww, y3, rstd_w, 0, 1)[0]
         return t
+
+    @njit(**opts)
+    def write_row(x3, w, y3, reps):
+        ww = work_row(w, x3, y3)
+        for rep in range(reps):
+            K._rms_write(x3, 0, 0, w, ww, w, False, y3, 1.0 + rep * 1e-9, 0)
 
     @njit(**opts)
     def bwd_row(g3, x3, w, dx3, parts, reps):
@@ -64,12 +73,12 @@ def _kernels():
             t += K._bwd_row_and_dot(g3, x3, 0, 0, w, 1.0 + rep * 1e-9, 0.01, dx3, parts, 0, 0, 1)
         return t
 
-    return sumsq, encode_exact, fwd_row, bwd_row
+    return sumsq, encode_exact, fwd_row, write_row, bwd_row
 
 
 def measure(dtype: np.dtype, n: int, reps: int, rounds: int) -> dict[str, float]:
     """ns per element of each helper for ``dtype`` rows of length n (minimum over rounds)."""
-    sumsq, encode_exact, fwd_row, bwd_row = _kernels()
+    sumsq, encode_exact, fwd_row, write_row, bwd_row = _kernels()
     rng = np.random.default_rng(0)
     x3 = K._bits(rng.standard_normal((1, 2, n)).astype(dtype))
     g3 = K._bits(rng.standard_normal((1, 2, n)).astype(dtype))
@@ -80,6 +89,7 @@ def measure(dtype: np.dtype, n: int, reps: int, rounds: int) -> dict[str, float]
         "sumsq": lambda r: sumsq(x3, r),
         "encode exact": lambda r: encode_exact(x3, w, y3, r),
         "fwd row": lambda r: fwd_row(x3, w, y3, r),
+        "write row": lambda r: write_row(x3, w, y3, r),
         "bwd row": lambda r: bwd_row(g3, x3, w, y3, parts, r),
     }
     for call in calls.values():

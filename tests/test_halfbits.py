@@ -240,3 +240,50 @@ def test_float16_hardware_decode_every_pattern():
     assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
     assert np.isnan(got[nan]).all()
     assert np.array_equal(np.signbit(got[nan]), np.signbit(want[nan]))
+
+
+def _from_work_f32(values: np.ndarray, fmt: str) -> np.ndarray:
+    """float32 ``values`` through ``from_work`` into a ``fmt`` array, and ``outside_work``."""
+    from numba import njit
+
+    @njit
+    def run(v, out, flag):
+        for i in range(v.size):
+            out[i] = hb.from_work(v[i], out)
+            flag[i] = hb.outside_work(v[i], out)
+
+    out = np.empty(values.size, FORMATS[fmt][1])
+    flag = np.empty(values.size, np.bool_)
+    run(values, out, flag)
+    return out, flag
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_float32_write_at_every_boundary(fmt):
+    """The kernels' float32 -> half write (``from_work``: bfloat16 by integer RNE without the
+    NaN select, float16 by F16C where present) equals NumPy / ml_dtypes bit for bit at every
+    rounding boundary, subnormals and overflow to inf included, and flags exactly the values
+    it does not promise: inf and NaN (their rows are written again in float64)."""
+    dtype = FORMATS[fmt][0]
+    v = _float32_probes(fmt)
+    v = np.concatenate([v, np.float32([np.inf, -np.inf, np.nan, -np.nan])])
+    got, flag = _from_work_f32(v, fmt)
+    assert np.array_equal(flag, ~np.isfinite(v))
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = v.astype(dtype)
+    finite = np.isfinite(v)
+    _bits_equal(got[finite], want[finite], f"{fmt} from_work")
+    # an overflow of the half format from a finite float32 is inf, not flagged
+    assert np.isinf(got[finite].view(dtype).astype(np.float32)).any()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_float32_write_round_trips_every_pattern(fmt):
+    """Every finite half value widened to float32 comes back with its own bits from
+    ``from_work`` (all 65536 patterns; the non-finite ones are flagged)."""
+    dtype = FORMATS[fmt][0]
+    f32 = ALL.view(dtype).astype(np.float32)
+    got, flag = _from_work_f32(f32, fmt)
+    finite = np.isfinite(f32)
+    assert np.array_equal(flag, ~finite)
+    _bits_equal(got[finite], ALL[finite], f"{fmt} half -> float32 -> half")

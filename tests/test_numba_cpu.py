@@ -4,7 +4,11 @@ Reference: the oracle (rmsref.rms_norm_forward etc.) on the same inputs. Toleran
 - float32 outputs: >= 99.9 % of elements equal to the oracle's (which is the float64 result
   rounded once to float32), the rest within 1 float32 ulp (both round a float64 value; the
   float64 values differ by a few float64 ulps).
-- float16/bfloat16 outputs: within one ulp of the output dtype (rmsref.tolerance.ulp).
+- float16/bfloat16 outputs: within one ulp of the output dtype (rmsref.tolerance.ulp) of the
+  oracle's output, and within the bound below of the exact value; the kernels compute them in
+  float32 (RMSNorm's y) or round them to the half type through float32 (dx, LayerNorm), so a
+  near-tie may land one ulp from the oracle's once-rounded value (>= 99.9 % equal:
+  tests/test_numba_cpu_half.py checks the rate on every bit pattern).
 - float64 outputs, dx, dweight: the bound of docs/tolerances.md, checked by
   rmsref.comparison.compare (the oracle in float64 on the same inputs, the per-element bound),
   with float64 accumulation in 8 lanes (reduction="blocked", block=8): an upper bound for the 64
@@ -70,6 +74,8 @@ def _check_close(got, want, dtype, what, *, bound=None):
         equal = np.mean(got64 == want64)
         assert equal >= 0.999, f"{what}: only {equal:.4%} of float32 elements equal the oracle's"
 
+
+_HALF = (np.dtype(np.float16), rmsref.bfloat16)
 
 #: The error model of the module docstring: float64 sums in 8 lanes (an upper bound).
 _SUMS = dict(acc_dtype=np.float64, reduction="blocked", block=8)
@@ -154,6 +160,8 @@ def test_backward_matches_oracle(dtype, rng):
             ref = rmsref.rms_norm_backward(dy, x, n, w, rstd=rstd_k)
             for name in ("dx", "dweight"):
                 bound = oracle.bound(name, model).reshape(np.shape(getattr(ref, name)))
+                if name == "dx" and dtype in _HALF:
+                    bound = None  # rounded through float32: the 1-ulp contract (docstring)
                 _check_close(getattr(got, name), getattr(ref, name), dtype,
                              f"{name} saved rstd ({m}, {n})", bound=bound)
             assert got.dbias is None

@@ -53,7 +53,7 @@ from typing import Any
 
 from numba import njit, prange
 
-from rmsref.kernels._halfbits import to_f64
+from rmsref.kernels._halfbits import to_f64, work_row
 from rmsref.kernels.numba_cpu import (
     _INL,
     _PAR,
@@ -148,34 +148,37 @@ def _dot_v2(g3, x3, b, i, w, n, k):
 @njit(**_PAR)
 def _rms_fwd_v1(x3, w, bias, has_bias, kf, eps, y3, rstd_out):
     nr = x3.shape[1]
+    ww = work_row(w, x3, y3)  # w' in the working precision (the library's, for its y)
     for r in prange(x3.shape[0] * nr):
         b, i = r // nr, r % nr
         ss = _sumsq_v1(x3, b, i, kf)  # (1) Σx², one accumulator
         rstd_s, k = _rstd_from_sumsq(ss, x3, b, i, kf, eps)  # (2)
         rstd_out[r] = math.ldexp(rstd_s, -k)
-        _rms_write(x3, b, i, w, bias, has_bias, y3, rstd_s, k)  # (3)-(4)
+        _rms_write(x3, b, i, w, ww, bias, has_bias, y3, rstd_s, k)  # (3)-(4)
 
 
 @njit(**_PAR)
 def _rms_fwd_v2(x3, w, bias, has_bias, kf, eps, y3, rstd_out):
     nr = x3.shape[1]
+    ww = work_row(w, x3, y3)  # w' in the working precision (the library's, for its y)
     for r in prange(x3.shape[0] * nr):
         b, i = r // nr, r % nr
         ss = _sumsq_v2(x3, b, i, kf)  # (1) Σx², 8 lanes
         rstd_s, k = _rstd_from_sumsq(ss, x3, b, i, kf, eps)  # (2)
         rstd_out[r] = math.ldexp(rstd_s, -k)
-        _rms_write(x3, b, i, w, bias, has_bias, y3, rstd_s, k)  # (3)-(4)
+        _rms_write(x3, b, i, w, ww, bias, has_bias, y3, rstd_s, k)  # (3)-(4)
 
 
 @njit(**_PAR)
 def _rms_fwd_v3(x3, w, bias, has_bias, kf, eps, y3, rstd_out):
     nr = x3.shape[1]
+    ww = work_row(w, x3, y3)  # w' in the working precision (the library's, for its y)
     for r in prange(x3.shape[0] * nr):
         b, i = r // nr, r % nr
         ss = _sumsq_v3(x3, b, i, kf)  # (1) Σx², 64 lanes
         rstd_s, k = _rstd_from_sumsq(ss, x3, b, i, kf, eps)  # (2)
         rstd_out[r] = math.ldexp(rstd_s, -k)
-        _rms_write(x3, b, i, w, bias, has_bias, y3, rstd_s, k)  # (3)-(4)
+        _rms_write(x3, b, i, w, ww, bias, has_bias, y3, rstd_s, k)  # (3)-(4)
 
 
 # ============================================================================================

@@ -381,6 +381,165 @@ def _outside_normal_impl(v, out):
 
 
 # --------------------------------------------------------------------------------------------
+# The working precision of the element-wise arithmetic (y, dx): float32 for half outputs
+# --------------------------------------------------------------------------------------------
+# A half output (bfloat16/float16) from half or float32 inputs takes float32 for the last step,
+# like torch's opmath: either the arithmetic itself (RMSNorm's y: ``to_work`` gives the inputs
+# as float32, exactly, and ``work_scalar``/``work_row`` the row's rstd and weight) or a float64
+# result rounded to float32 first (``as_work``: dx, whose terms can cancel); ``from_work`` then
+# rounds the float32 value to the half format (RNE), and a vector of float32 holds twice the
+# elements of a vector of float64. Every other output (float32, float64, or a half output of
+# float64 inputs) is computed in float64 and rounded once, as the oracle's.
+#
+# The contract this gives for half outputs (rmsref.kernels.numba_cpu, tested on every bit
+# pattern in tests/test_numba_cpu_half.py): >= 99.9 % of elements bit-equal to the oracle's
+# float64 value rounded once, the rest one ulp away; ``outside_work`` flags inf and NaN, and
+# ``work_in_range`` rows whose rstd would make float32 products overflow or lose bits, and
+# the kernels write those rows again in float64, rounded once (the oracle's bits).
+
+
+def _f32_route(v, out) -> bool:
+    """Whether elements of Numba type ``v`` written into array ``out`` are computed in float32."""
+    return out.dtype in (types.int16, types.uint16) and v != types.float64
+
+
+def to_work(v, out):
+    """Element ``v`` (float32, float64, or half bits) in the working precision of ``out``."""
+    raise NotImplementedError("to_work is only callable from Numba-compiled code")
+
+
+def work_scalar(s, x, out):
+    """float64 ``s`` (an rstd, a coefficient) in the working precision of array ``x``'s
+    elements written into array ``out``."""
+    raise NotImplementedError("work_scalar is only callable from Numba-compiled code")
+
+
+def as_work(v, x, out):
+    """A float64 value (a dx computed in float64) rounded to the working precision of array
+    ``x``'s elements written into ``out``: float32 (RNE) on the float32 route, else itself;
+    ``from_work`` then rounds it to the half format (twice rounded: see the module note)."""
+    raise NotImplementedError("as_work is only callable from Numba-compiled code")
+
+
+def work_row(w, x, out):
+    """The float64 row ``w`` in that working precision: ``w`` itself, or a float32 copy."""
+    raise NotImplementedError("work_row is only callable from Numba-compiled code")
+
+
+def work_is_f32(x, out):
+    """Whether array ``x``'s elements written into array ``out`` are computed in float32."""
+    raise NotImplementedError("work_is_f32 is only callable from Numba-compiled code")
+
+
+def work_in_range(rstd_s, x, out):
+    """Whether a row with this rstd may take the float32 route: 2^-100 <= rstd_s <= 2^100, so
+    that x·rstd and its products stay clear of float32's overflow and underflow (always True
+    for float64 work)."""
+    raise NotImplementedError("work_in_range is only callable from Numba-compiled code")
+
+
+def from_work(v, out):
+    """A working-precision value rounded to ``out``'s element type; exact where
+    ``outside_work(v, out)`` is False (a kernel writes a flagged row again in float64)."""
+    raise NotImplementedError("from_work is only callable from Numba-compiled code")
+
+
+def outside_work(v, out):
+    """Whether ``from_work(v, out)`` may differ from the row's float64 route."""
+    raise NotImplementedError("outside_work is only callable from Numba-compiled code")
+
+
+@overload(to_work, jit_options={"nogil": True})
+def _to_work_impl(v, out):
+    if not _f32_route(v, out):
+        return lambda v, out: to_f64(v)
+    if v == types.uint16:
+        if F16C:
+            return lambda v, out: f16_bits_to_f32_hw(v)
+        return lambda v, out: f16_bits_to_f32(v)
+    if v == types.int16:
+        return lambda v, out: bf16_bits_to_f32(v)
+    return lambda v, out: np.float32(v)
+
+
+@overload(work_scalar, jit_options={"nogil": True})
+def _work_scalar_impl(s, x, out):
+    if _f32_route(x.dtype, out):
+        return lambda s, x, out: np.float32(s)
+    return lambda s, x, out: np.float64(s)
+
+
+@overload(as_work, jit_options={"nogil": True})
+def _as_work_impl(v, x, out):
+    if _f32_route(x.dtype, out):
+        return lambda v, x, out: np.float32(v)
+    return lambda v, x, out: v
+
+
+@overload(work_row, jit_options={"nogil": True})
+def _work_row_impl(w, x, out):
+    if _f32_route(x.dtype, out):
+        return lambda w, x, out: w.astype(np.float32)
+    return lambda w, x, out: w
+
+
+@overload(work_is_f32, jit_options={"nogil": True})
+def _work_is_f32_impl(x, out):
+    f32 = _f32_route(x.dtype, out)
+    return lambda x, out: f32
+
+
+@overload(work_in_range, jit_options={"nogil": True})
+def _work_in_range_impl(rstd_s, x, out):
+    if _f32_route(x.dtype, out):
+        return lambda rstd_s, x, out: 2.0**-100 <= rstd_s <= 2.0**100
+    return lambda rstd_s, x, out: True
+
+
+@intrinsic
+def f32_to_f16_bits_hw(typingctx, v):
+    """float32 -> float16 bits by LLVM's ``fptrunc float to half`` (F16C only: see ``F16C``):
+    the hardware's RNE, with subnormals, overflow to inf and quiet NaNs."""
+    from llvmlite import ir
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+
+    return types.uint16(types.float32), codegen
+
+
+@_jit
+def f32_to_bf16_bits_rne(v):
+    """float32 -> bfloat16 bits, RNE, exact for every finite value and ±inf (subnormals too:
+    a bfloat16 subnormal is the top half of a float32 subnormal); a NaN may come out wrong
+    (a payload carried into the sign), which is why ``outside_work`` flags it. The
+    ``f32_to_bf16_bits`` rounding without its NaN select, which kept loops from vectorising."""
+    u = np.int32(np.float32(v).view(np.int32))
+    lsb = (u >> np.int32(16)) & np.int32(1)
+    return np.int16(np.int32(u + np.int32(0x7FFF) + lsb) >> np.int32(16))
+
+
+@overload(from_work, jit_options={"nogil": True})
+def _from_work_impl(v, out):
+    if v != types.float32 or out.dtype not in (types.int16, types.uint16):
+        return lambda v, out: from_f64_normal(v, out)
+    if out.dtype == types.int16:
+        return lambda v, out: f32_to_bf16_bits_rne(v)
+    if F16C:
+        return lambda v, out: f32_to_f16_bits_hw(v)
+    return lambda v, out: f32_to_f16_bits(v)
+
+
+@overload(outside_work, jit_options={"nogil": True})
+def _outside_work_impl(v, out):
+    if v != types.float32 or out.dtype not in (types.int16, types.uint16):
+        return lambda v, out: outside_normal(v, out)
+    # inf or NaN: bits of |v| at or above inf's
+    return lambda v, out: (np.float32(v).view(np.int32) & np.int32(0x7FFFFFFF)) >= np.int32(
+        0x7F800000)
+
+
+# --------------------------------------------------------------------------------------------
 # Array helpers (for tests and for callers outside Numba)
 # --------------------------------------------------------------------------------------------
 @njit(cache=True, nogil=True)

@@ -46,11 +46,26 @@ checks against the oracle.
 
 Numerical contract
 ------------------
-- Accumulation in float64 for every input dtype; outputs rounded once to the output dtype with
-  round-to-nearest-even (float64 -> bfloat16 without double rounding, see ``_halfbits``), i.e.
-  the ``torch`` convention of docs/semantics.md with a float64 statistic. The y/dx formulas are the
-  oracle's but with x·rstd for x/sqrt(ms + eps): float32 outputs agree with the oracle rounded
-  to float32 except for rare last-bit ties (tests: >= 99.9 % equal, rest within 1 ulp).
+- Accumulation in float64 for every input dtype (Σx², Σ dxhat·x, LayerNorm's sums, the
+  dweight/dbias partial rows). float32 and float64 outputs are float64 values rounded once to
+  the output dtype with round-to-nearest-even, i.e. the ``torch`` convention of
+  docs/semantics.md with a float64 statistic. The y/dx formulas are the oracle's but with
+  x·rstd for x/sqrt(ms + eps): float32 outputs agree with the oracle rounded to float32 except
+  for rare last-bit ties (tests: >= 99.9 % equal, rest within 1 ulp).
+- Half outputs (bfloat16, float16) keep the float64 statistics, and take float32 for the last
+  step, as torch's opmath does: RMSNorm's y is computed in float32 arithmetic,
+  fl(fl(x·fl(rstd))·fl(w')) (x and a half weight are exact in float32), and dx (RMSNorm and
+  LayerNorm) and LayerNorm's y are computed in float64 and rounded to float32 first; the float32
+  value is then rounded (RNE) to the half type. So an element may differ from the oracle's
+  float64 value rounded once only where that value lies within a few float32 ulps of a half
+  rounding boundary: >= 99.9 % of elements are bit-equal to the oracle's, the rest one ulp away
+  (tests/test_numba_cpu_half.py, on every bit pattern; measured 99.98-100 %), always within
+  the tolerance model's bound. Float32 arithmetic for y is what brings a half forward near
+  float32's time per element (bench/cpu.py); dx stays float64 because its two terms can
+  cancel, which float32 would turn into large relative errors. A row with an inf or NaN output
+  (and, for y, a row whose rstd is outside [2^-100, 2^100], where float32 products could
+  overflow or lose bits) is written again in float64 and rounded once, so NaN and inf rows
+  have the oracle's bits.
 - Saved statistics: rstd (and LayerNorm's mean) in float32 for float16/bfloat16 inputs (what
   torch saves), float64 for float32 and float64 inputs. For float32 that is a choice: the value
   is computed in float64 anyway and costs 8 bytes per row, and a float64 rstd lets the backward
@@ -77,15 +92,14 @@ Numerical contract
   (transposed); the kernels walk the strides. Only a layout that cannot be expressed this way
   (three or more non-mergeable leading groups, or permuted normalised dims) is copied first.
 - Half precision: float16/bfloat16 arrays are passed as 16-bit integer views (no copy) and
-  converted per element in registers (``_halfbits``): float16 -> float64 by the CPU's F16C
-  conversion where Numba's target has it (the integer route otherwise; same values). The
-  default kernels write a bfloat16 row with ``from_f64_normal``, integer arithmetic on the
-  float64 bits that rounds once exactly like ``from_f64`` for ±0 and 2^-126 <= |v| < 2^128,
-  and flag any other value (a bfloat16 subnormal, overflow, inf, NaN); a flagged row is
-  written again with ``from_f64`` (``_rms_write_general``, ``_bwd_dx_exact``), so every element
-  keeps the one-rounding contract above. float16 rows are written by ``from_f64`` directly
-  (subnormal float16 outputs are common enough that rows would be rewritten often). Complex
-  inputs are not supported here (use the oracle).
+  converted per element in registers (``_halfbits``): to float32 exactly (bfloat16 by a shift,
+  float16 by the CPU's F16C conversion where Numba's target has it, the integer route
+  otherwise), to float64 from there; back by integer RNE on the float32 bits (bfloat16) or
+  F16C (float16). ``_halfbits.to_work``/``from_work``/``outside_work`` choose the working
+  precision per output type, so one kernel source serves every dtype, and flag the rows to
+  write again (``_rms_write_general``, ``_bwd_dx_exact``, ``_ln_write_exact``,
+  ``_ln_dx_exact``). The fused residual add keeps the float64 write with one rounding.
+  Complex inputs are not supported here (use the oracle).
 - Threads: kernels are ``nogil``; two Python threads may call them at once. Numba's "workqueue"
   threading layer cannot run two parallel regions at once, so when it is the active layer the
   launches are serialised with a lock (the default here is OpenMP/TBB, which need none).
@@ -130,10 +144,16 @@ from rmsref._shapes import (
 from rmsref.kernels._halfbits import (
     BF16_BITS,
     F16_BITS,
+    as_work,
     from_f64,
-    from_f64_normal,
-    outside_normal,
+    from_work,
+    outside_work,
     to_f64,
+    to_work,
+    work_in_range,
+    work_is_f32,
+    work_row,
+    work_scalar,
 )
 from rmsref.layernorm import LayerNormGrads
 from rmsref.rmsnorm import AddRMSNormGrads, RMSNormGrads
@@ -317,16 +337,18 @@ def _saved_rstd_in_range(rstd: np.ndarray) -> bool:
 
 
 @njit(**_INL)
-def _rms_write(x3, b, i, w, bias, has_bias, y3, rstd_s, k):
+def _rms_write(x3, b, i, w, ww, bias, has_bias, y3, rstd_s, k):
     """y_j = (x_j·rstd)·w'_j (+ b_j), rounded once. Eqs. (3)-(4). Unswitched by hand so the
-    common loop has no per-element branch."""
-    if k == 0 and not has_bias:
+    common loop has no per-element branch; that loop computes in the working precision
+    (``ww``: w' in it, ``work_row``; float32 for a half output, see ``_halfbits.to_work``)."""
+    if k == 0 and not has_bias and work_in_range(rstd_s, x3, y3):
+        rstd_w = work_scalar(rstd_s, x3, y3)
         outside = False
         for j in range(x3.shape[2]):
-            yj = to_f64(x3[b, i, j]) * rstd_s * w[j]
-            y3[b, i, j] = from_f64_normal(yj, y3)
-            outside |= outside_normal(yj, y3)
-        if outside:  # a rare half row: written again, rounded by from_f64
+            yj = to_work(x3[b, i, j], y3) * rstd_w * ww[j]
+            y3[b, i, j] = from_work(yj, y3)
+            outside |= outside_work(yj, y3)
+        if outside:  # a rare row: written again in float64, rounded by from_f64
             _rms_write_general(x3, b, i, w, bias, False, y3, rstd_s, 0)
     else:
         _rms_write_general(x3, b, i, w, bias, has_bias, y3, rstd_s, k)
@@ -359,38 +381,41 @@ ROWS_PER_BLOCK = 16
 
 
 @njit(**_INL)
-def _write_and_sumsq(x3, b, i, w, y3, rstd_s, b1, i1):
-    """Row (b, i)'s y (no bias, unscaled) while summing the squares of row (b1, i1) in the 64
-    lanes of ``_sumsq_v3``, in the same order (so the same bits as ``_sumsq_v3``; v4)."""
+def _write_and_sumsq(x3, b, i, ww, y3, rstd_w, b1, i1):
+    """Row (b, i)'s y (no bias, unscaled, in the working precision: ``rstd_w``, ``ww``) while
+    summing the squares of row (b1, i1) in the 64 lanes of ``_sumsq_v3``, in the same order
+    (so the same bits as ``_sumsq_v3``; v4). Returns (Σx² of row (b1, i1), whether a y_j
+    needs the float64 route; see ``_rms_write``)."""
     n = x3.shape[2]
     acc = np.zeros(LANES)
-    outside = False  # whether a y_j needs ``from_f64`` (see ``_rms_write``)
+    outside = False
     n64 = n - n % LANES
     for j0 in range(0, n64, LANES):
         for lane in range(LANES):
             j = j0 + lane
-            yj = to_f64(x3[b, i, j]) * rstd_s * w[j]  # (3)-(4)
-            y3[b, i, j] = from_f64_normal(yj, y3)
-            outside |= outside_normal(yj, y3)
+            yj = to_work(x3[b, i, j], y3) * rstd_w * ww[j]  # (3)-(4)
+            y3[b, i, j] = from_work(yj, y3)
+            outside |= outside_work(yj, y3)
             v = to_f64(x3[b1, i1, j])
             acc[lane] += v * v  # (1) of the next row
     for lane in range(n - n64):
         j = n64 + lane
-        yj = to_f64(x3[b, i, j]) * rstd_s * w[j]
-        y3[b, i, j] = from_f64_normal(yj, y3)
-        outside |= outside_normal(yj, y3)
+        yj = to_work(x3[b, i, j], y3) * rstd_w * ww[j]
+        y3[b, i, j] = from_work(yj, y3)
+        outside |= outside_work(yj, y3)
         v = to_f64(x3[b1, i1, j])
         acc[lane] += v * v
-    if outside:  # a rare half row: written again, rounded by from_f64 (w: an unread bias)
-        _rms_write_general(x3, b, i, w, w, False, y3, rstd_s, 0)
-    return _lane_tree(acc)
+    return _lane_tree(acc), outside
 
 
 @njit(**_PAR)
 def _rms_fwd_v4(x3, w, bias, has_bias, kf, eps, y3, rstd_out):
     nr = x3.shape[1]
     m = x3.shape[0] * nr
-    fuse = kf == x3.shape[2] and not has_bias
+    ww = work_row(w, x3, y3)  # w' in the working precision of the element-wise step
+    # Pipelined rows pay off in float64 work; a float32 row (half outputs) is faster written
+    # in a loop of its own, after its sum (bench/cpu.py).
+    fuse = kf == x3.shape[2] and not has_bias and not work_is_f32(x3, y3)
     for blk in prange((m + ROWS_PER_BLOCK - 1) // ROWS_PER_BLOCK):
         r0 = blk * ROWS_PER_BLOCK
         r1 = min(m, r0 + ROWS_PER_BLOCK)
@@ -401,11 +426,15 @@ def _rms_fwd_v4(x3, w, bias, has_bias, kf, eps, y3, rstd_out):
             ss = ss_next if fused else _sumsq_v3(x3, b, i, kf)  # (1) Σx², 64 lanes
             rstd_s, k = _rstd_from_sumsq(ss, x3, b, i, kf, eps)  # (2)
             rstd_out[r] = math.ldexp(rstd_s, -k)
-            fused = fuse and k == 0 and r + 1 < r1
+            fused = fuse and k == 0 and r + 1 < r1 and work_in_range(rstd_s, x3, y3)
             if fused:  # write row r while summing row r + 1
-                ss_next = _write_and_sumsq(x3, b, i, w, y3, rstd_s, (r + 1) // nr, (r + 1) % nr)
+                rstd_w = work_scalar(rstd_s, x3, y3)
+                ss_next, outside = _write_and_sumsq(x3, b, i, ww, y3, rstd_w, (r + 1) // nr,
+                                                    (r + 1) % nr)
+                if outside:  # a rare row: written again in float64 (w: an unread bias)
+                    _rms_write_general(x3, b, i, w, w, False, y3, rstd_s, 0)
             else:
-                _rms_write(x3, b, i, w, bias, has_bias, y3, rstd_s, k)  # (3)-(4)
+                _rms_write(x3, b, i, w, ww, bias, has_bias, y3, rstd_s, k)  # (3)-(4)
 
 
 # ============================================================================================
@@ -449,15 +478,21 @@ def _rms_bwd_row(g3, x3, b, i, w, kf, rstd_s, k, s, dx3, want_dw, want_db, dw_pa
     if k == 0 and kf == n:
         # The common row, unswitched by hand: no per-element scaling test or K test, so the loop
         # vectorises (with them it does not, and the row costs well above the copy time).
-        # Same operations as the general loop below, so the same bits.
+        # Same operations as the general loop below, so the same float64 dx; a half dx is
+        # rounded to it through float32 (``as_work``; exact rows again by ``_bwd_dx_exact``).
+        outside = False
         for j in range(n):
             g = to_f64(g3[b, i, j])
             xhat = to_f64(x3[b, i, j]) * rstd_s  # (3)
-            dx3[b, i, j] = from_f64(rstd_s * (g * w[j] - xhat * c), dx3)  # (5), (7)
+            dxj = as_work(rstd_s * (g * w[j] - xhat * c), x3, dx3)  # (5), (7)
+            dx3[b, i, j] = from_work(dxj, dx3)
+            outside |= outside_work(dxj, dx3)
             if want_dw:
                 dw_parts[p, j] += g * xhat  # (8), this part's partial row
             if want_db:
                 db_parts[p, j] += g  # (9)
+        if outside:  # a rare row: dx again, rounded once by from_f64
+            _bwd_dx_exact(g3, x3, b, i, w, rstd_s, c, dx3)
         return
     rstd = math.ldexp(rstd_s, -k)
     for j in range(n):
@@ -495,28 +530,28 @@ def _rms_bwd_v3(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, d
 def _bwd_row_and_dot(g3, x3, b, i, w, rstd_s, c, dx3, dw_parts, p, b1, i1):
     """Row (b, i)'s dx and dweight contribution (the common case: unscaled, K = N, a weight,
     no bias), while summing Σ dxhat·x of row (b1, i1) in the 64 lanes of ``_dot_v3`` in the
-    same order (so the same bits as ``_dot_v3``; v4)."""
+    same order (so the same bits as ``_dot_v3``; v4). dx as ``_rms_bwd_row``'s common loop."""
     n = x3.shape[2]
     acc = np.zeros(LANES)
-    outside = False  # whether a dx_j needs ``from_f64`` (see ``_bwd_dx_exact``)
+    outside = False  # whether dx needs ``_bwd_dx_exact``
     n64 = n - n % LANES
     for j0 in range(0, n64, LANES):
         for lane in range(LANES):
             j = j0 + lane
             g = to_f64(g3[b, i, j])
             xhat = to_f64(x3[b, i, j]) * rstd_s  # (3)
-            dxj = rstd_s * (g * w[j] - xhat * c)  # (5), (7)
-            dx3[b, i, j] = from_f64_normal(dxj, dx3)
-            outside |= outside_normal(dxj, dx3)
+            dxj = as_work(rstd_s * (g * w[j] - xhat * c), x3, dx3)  # (5), (7)
+            dx3[b, i, j] = from_work(dxj, dx3)
+            outside |= outside_work(dxj, dx3)
             dw_parts[p, j] += g * xhat  # (8)
             acc[lane] += (to_f64(g3[b1, i1, j]) * w[j]) * to_f64(x3[b1, i1, j])  # next row
     for lane in range(n - n64):
         j = n64 + lane
         g = to_f64(g3[b, i, j])
         xhat = to_f64(x3[b, i, j]) * rstd_s
-        dxj = rstd_s * (g * w[j] - xhat * c)
-        dx3[b, i, j] = from_f64_normal(dxj, dx3)
-        outside |= outside_normal(dxj, dx3)
+        dxj = as_work(rstd_s * (g * w[j] - xhat * c), x3, dx3)
+        dx3[b, i, j] = from_work(dxj, dx3)
+        outside |= outside_work(dxj, dx3)
         dw_parts[p, j] += g * xhat
         acc[lane] += (to_f64(g3[b1, i1, j]) * w[j]) * to_f64(x3[b1, i1, j])
     if outside:
@@ -911,17 +946,32 @@ def _ln_write_and_sum(x3, b, i, w, bias, y3, mu, rstd, b1, i1):
     per-element branch, which kept this loop from vectorising."""
     n = x3.shape[2]
     acc = np.zeros(LANES)
+    outside = False  # whether the row needs ``_ln_write_exact``
     n64 = n - n % LANES
     for j0 in range(0, n64, LANES):
         for lane in range(LANES):
             j = j0 + lane
-            y3[b, i, j] = from_f64((to_f64(x3[b, i, j]) - mu) * rstd * w[j] + bias[j], y3)
+            yj = as_work((to_f64(x3[b, i, j]) - mu) * rstd * w[j] + bias[j], x3, y3)
+            y3[b, i, j] = from_work(yj, y3)
+            outside |= outside_work(yj, y3)
             acc[lane] += to_f64(x3[b1, i1, j])  # (1) of the next row
     for lane in range(n - n64):
         j = n64 + lane
-        y3[b, i, j] = from_f64((to_f64(x3[b, i, j]) - mu) * rstd * w[j] + bias[j], y3)
+        yj = as_work((to_f64(x3[b, i, j]) - mu) * rstd * w[j] + bias[j], x3, y3)
+        y3[b, i, j] = from_work(yj, y3)
+        outside |= outside_work(yj, y3)
         acc[lane] += to_f64(x3[b1, i1, j])
+    if outside:
+        _ln_write_exact(x3, b, i, w, bias, y3, mu, rstd)
     return _lane_tree(acc)
+
+
+@njit(**_SER)
+def _ln_write_exact(x3, b, i, w, bias, y3, mu, rstd):
+    """Row (b, i)'s y again, rounded once by ``from_f64`` (a half row with an inf or NaN, or
+    a float64 value outside the bfloat16 normal range: see ``_halfbits.from_work``)."""
+    for j in range(x3.shape[2]):
+        y3[b, i, j] = from_f64((to_f64(x3[b, i, j]) - mu) * rstd * w[j] + bias[j], y3)
 
 
 @njit(**_PAR)
@@ -944,10 +994,11 @@ def _ln_fwd(x3, w, bias, eps, y3, mean_out, rstd_out):
 
 
 @njit(**_INL)
-def _dxhat_terms(dy3, x3, b, i, j, w, mu):
-    """(dxhat_j, dxhat_j·(x_j − mu)) of row (b, i), dxhat = dy·w: the terms of eqs. (8)-(9)."""
-    dxhat = to_f64(dy3[b, i, j]) * w[j]
-    return dxhat, dxhat * (to_f64(x3[b, i, j]) - mu)
+def _dxhat_terms(g, x, w_j, mu):
+    """(dxhat_j, dxhat_j·(x_j − mu)), dxhat = dy·w: the terms of eqs. (8)-(9), from the float64
+    elements g = dy_j and x = x_j (scalars only, as ``_ln_dx``)."""
+    dxhat = g * w_j
+    return dxhat, dxhat * (x - mu)
 
 
 @njit(**_INL)
@@ -959,27 +1010,26 @@ def _ln_bwd_sums(dy3, x3, b, i, w, mu):
     n64 = n - n % LANES
     for j0 in range(0, n64, LANES):
         for lane in range(LANES):
-            g, gd = _dxhat_terms(dy3, x3, b, i, j0 + lane, w, mu)
+            j = j0 + lane
+            g, gd = _dxhat_terms(to_f64(dy3[b, i, j]), to_f64(x3[b, i, j]), w[j], mu)
             acc_g[lane] += g
             acc_gd[lane] += gd
     for lane in range(n - n64):
-        g, gd = _dxhat_terms(dy3, x3, b, i, n64 + lane, w, mu)
+        j = n64 + lane
+        g, gd = _dxhat_terms(to_f64(dy3[b, i, j]), to_f64(x3[b, i, j]), w[j], mu)
         acc_g[lane] += g
         acc_gd[lane] += gd
     return _lane_tree(acc_g), _lane_tree(acc_gd)
 
 
 @njit(**_INL)
-def _ln_dx(dy3, x3, b, i, j, w, mu, rstd, c1, c2, dx3, want_dw, want_db, dw_parts, db_parts, p):
-    """dx_j of row (b, i) and its dweight/dbias terms in the part's partial rows. Eqs. (5),
-    (10)-(11)."""
-    g = to_f64(dy3[b, i, j])
-    xhat = (to_f64(x3[b, i, j]) - mu) * rstd  # (5)
-    dx3[b, i, j] = from_f64(rstd * (g * w[j] - c1 - xhat * c2), dx3)  # (10)
-    if want_dw:
-        dw_parts[p, j] += g * xhat  # (11)
-    if want_db:
-        db_parts[p, j] += g
+def _ln_dx(g, x, w_j, mu, rstd, c1, c2):
+    """(dx_j, xhat_j) from the float64 elements g = dy_j and x = x_j. Eqs. (5), (10); the
+    caller adds the dweight/dbias terms g·xhat and g (11). Scalars only: an array argument of an
+    inlined per-element helper costs a reference count update per element, which keeps the
+    loop from vectorising."""
+    xhat = (x - mu) * rstd  # (5)
+    return rstd * (g * w_j - c1 - xhat * c2), xhat  # (10)
 
 
 @njit(**_PAR)
@@ -1000,9 +1050,19 @@ def _ln_bwd(dy3, x3, w, eps, has_stats, mean_in, rstd_in, dx3, want_dw, want_db,
             s1, s2 = _ln_bwd_sums(dy3, x3, b, i, w, mu)
             c1 = s1 / n  # (8) the path through mu
             c2 = s2 * rstd / n  # (9) the path through rstd
+            outside = False
             for j in range(n):
-                _ln_dx(dy3, x3, b, i, j, w, mu, rstd, c1, c2, dx3, want_dw, want_db, dw_parts,
-                       db_parts, p)
+                g = to_f64(dy3[b, i, j])
+                dxj, xhat = _ln_dx(g, to_f64(x3[b, i, j]), w[j], mu, rstd, c1, c2)
+                dx_w = as_work(dxj, x3, dx3)  # through float32 for a half dx
+                dx3[b, i, j] = from_work(dx_w, dx3)
+                outside |= outside_work(dx_w, dx3)
+                if want_dw:
+                    dw_parts[p, j] += g * xhat  # (11)
+                if want_db:
+                    db_parts[p, j] += g
+            if outside:
+                _ln_dx_exact(dy3, x3, b, i, w, mu, rstd, c1, c2, dx3)
 
 
 @njit(**_INL)
@@ -1013,22 +1073,47 @@ def _ln_dx_and_sums(dy3, x3, b, i, w, mu, rstd, c1, c2, dx3, want_db, dw_parts, 
     n = x3.shape[2]
     acc_g = np.zeros(LANES)
     acc_gd = np.zeros(LANES)
+    outside = False  # whether the row needs ``_ln_dx_exact``
     n64 = n - n % LANES
     for j0 in range(0, n64, LANES):
         for lane in range(LANES):
             j = j0 + lane
-            _ln_dx(dy3, x3, b, i, j, w, mu, rstd, c1, c2, dx3, True, want_db, dw_parts,
-                   db_parts, p)
-            g, gd = _dxhat_terms(dy3, x3, b1, i1, j, w, mu1)  # (8)-(9) of the next row
-            acc_g[lane] += g
+            g = to_f64(dy3[b, i, j])
+            dxj, xhat = _ln_dx(g, to_f64(x3[b, i, j]), w[j], mu, rstd, c1, c2)
+            dx_w = as_work(dxj, x3, dx3)  # through float32 for a half dx
+            dx3[b, i, j] = from_work(dx_w, dx3)
+            outside |= outside_work(dx_w, dx3)
+            dw_parts[p, j] += g * xhat  # (11)
+            if want_db:
+                db_parts[p, j] += g
+            g, gd = _dxhat_terms(to_f64(dy3[b1, i1, j]), to_f64(x3[b1, i1, j]), w[j], mu1)
+            acc_g[lane] += g  # (8)-(9) of the next row
             acc_gd[lane] += gd
     for lane in range(n - n64):
         j = n64 + lane
-        _ln_dx(dy3, x3, b, i, j, w, mu, rstd, c1, c2, dx3, True, want_db, dw_parts, db_parts, p)
-        g, gd = _dxhat_terms(dy3, x3, b1, i1, j, w, mu1)
+        g = to_f64(dy3[b, i, j])
+        dxj, xhat = _ln_dx(g, to_f64(x3[b, i, j]), w[j], mu, rstd, c1, c2)
+        dx_w = as_work(dxj, x3, dx3)
+        dx3[b, i, j] = from_work(dx_w, dx3)
+        outside |= outside_work(dx_w, dx3)
+        dw_parts[p, j] += g * xhat
+        if want_db:
+            db_parts[p, j] += g
+        g, gd = _dxhat_terms(to_f64(dy3[b1, i1, j]), to_f64(x3[b1, i1, j]), w[j], mu1)
         acc_g[lane] += g
         acc_gd[lane] += gd
+    if outside:
+        _ln_dx_exact(dy3, x3, b, i, w, mu, rstd, c1, c2, dx3)
     return _lane_tree(acc_g), _lane_tree(acc_gd)
+
+
+@njit(**_SER)
+def _ln_dx_exact(dy3, x3, b, i, w, mu, rstd, c1, c2, dx3):
+    """Row (b, i)'s dx again, rounded once by ``from_f64`` (as ``_ln_write_exact``); only dx:
+    the parameter terms were added once already."""
+    for j in range(x3.shape[2]):
+        dxj, _ = _ln_dx(to_f64(dy3[b, i, j]), to_f64(x3[b, i, j]), w[j], mu, rstd, c1, c2)
+        dx3[b, i, j] = from_f64(dxj, dx3)
 
 
 @njit(**_PAR)
