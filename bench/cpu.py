@@ -526,7 +526,8 @@ def targets(rows: list[dict]) -> list[str]:
 
 
 def plot(rows: list[dict], path: Path) -> str | None:
-    """GB/s against N for the float32 cases (default kernels and the copy). None when done."""
+    """GB/s against N, one panel per dtype in the run (float32, bfloat16, float16): the default
+    kernels, the copy and the peers. None when done."""
     try:
         import matplotlib
 
@@ -534,26 +535,33 @@ def plot(rows: list[dict], path: Path) -> str | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib is not installed: no plot (pip install matplotlib)"
-    series: dict[str, list[tuple[int, float]]] = {}
+    panels: dict[str, dict[str, list[tuple[int, float]]]] = {}
     for r in rows:
-        if "gbs" not in r or not r["case"].startswith("float32"):
+        if "gbs" not in r:
             continue
         if not (r["kind"] == "copy" and r["name"].startswith("parallel copy (")
                 or "(default)" in r["name"] or r["name"].startswith(PEERS)):
             continue
-        n = int(r["case"].split("x")[-1])
-        series.setdefault(r["name"], []).append((n, r["gbs"]))
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, pts in series.items():
-        pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("N (features per row)")
-    ax.set_ylabel("GB/s (bytes formula in bench/cpu.py)")
-    ax.set_title("float32 RMSNorm on CPU, median over rounds")
-    ax.legend(fontsize=7)
+        dtype, n = r["case"].split(":")[0], int(r["case"].split("x")[-1])
+        panels.setdefault(dtype, {}).setdefault(r["name"], []).append((n, r["gbs"]))
+    order = [d for d in ("float32", "bfloat16", "float16", "float64") if d in panels]
+    if not order:
+        return "no rows to plot"
+    fig, axes = plt.subplots(1, len(order), figsize=(5.2 * len(order), 4.6), sharey=True,
+                             squeeze=False)
+    styles = ["-", "--", ":", "-."]
+    for ax, dtype in zip(axes[0], order, strict=True):
+        for k, (name, pts) in enumerate(panels[dtype].items()):
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name,
+                    linestyle=styles[k // 10 % len(styles)])
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("N (features per row)")
+        ax.set_title(f"{dtype} RMSNorm on CPU, median over rounds")
+    axes[0][0].set_ylabel("GB/s (bytes formula in bench/cpu.py)")
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return None
 
