@@ -155,7 +155,8 @@ def _contract(what, got, want, dtype):
 def test_every_bit_pattern_keeps_the_contract(rng, dtype):
     """x holding every finite bit pattern of the half type (two layouts, see
     ``_every_pattern_rows``), with a standard normal weight and dy: y and dx of RMSNorm and
-    LayerNorm keep the contract against the oracle; rows holding an inf or NaN (every
+    LayerNorm and the fused residual add's y (dy as the residual) keep the contract against
+    the oracle, and its new residual has the oracle's bits; rows holding an inf or NaN (every
     non-finite pattern, each in a row of ordinary values) give the oracle's bits exactly."""
     x = _every_pattern_rows(dtype, rng)
     m, n = x.shape
@@ -176,8 +177,12 @@ def test_every_bit_pattern_keeps_the_contract(rng, dtype):
             ly_o = rmsref.layer_norm(xs, n, w, b)
             ldx = K.layer_norm_backward(dy, xs, n, w, mean=mu, rstd=ls).dx
             ldx_o = rmsref.layer_norm_backward(dy, xs, n, w, mean=mu, rstd=ls).dx
+            ay, ares, _ = K.add_rms_norm_forward(xs, dy, n, w)
+            ay_o, ares_o, _ = rmsref.add_rms_norm_forward(xs, dy, n, w)
+            same = ares.view(np.uint16) == ares_o.view(np.uint16)
+            assert (same | np.isnan(ares_o.astype(np.float32))).all(), "new residual differs"
             for what, got, want in (("y", y, y_o), ("dx", dx, dx_o), ("layer_norm y", ly, ly_o),
-                                    ("layer_norm dx", ldx, ldx_o)):
+                                    ("layer_norm dx", ldx, ldx_o), ("add_rms_norm y", ay, ay_o)):
                 if exact:
                     same = got.view(np.uint16) == want.view(np.uint16)
                     both_nan = np.isnan(got.astype(np.float32)) & np.isnan(

@@ -55,17 +55,17 @@ Numerical contract
 - Half outputs (bfloat16, float16) keep the float64 statistics, and take float32 for the last
   step, as torch's opmath does: RMSNorm's y is computed in float32 arithmetic,
   fl(fl(x·fl(rstd))·fl(w')) (x and a half weight are exact in float32), and dx (RMSNorm and
-  LayerNorm) and LayerNorm's y are computed in float64 and rounded to float32 first; the float32
-  value is then rounded (RNE) to the half type. So an element may differ from the oracle's
-  float64 value rounded once only where that value lies within a few float32 ulps of a half
-  rounding boundary: >= 99.9 % of elements are bit-equal to the oracle's, the rest one ulp away
-  (tests/test_numba_cpu_half.py, on every bit pattern; measured 99.98-100 %), always within
-  the tolerance model's bound. Float32 arithmetic for y is what brings a half forward near
-  float32's time per element (bench/cpu.py); dx stays float64 because its two terms can
-  cancel, which float32 would turn into large relative errors. A row with an inf or NaN output
-  (and, for y, a row whose rstd is outside [2^-100, 2^100], where float32 products could
-  overflow or lose bits) is written again in float64 and rounded once, so NaN and inf rows
-  have the oracle's bits.
+  LayerNorm), LayerNorm's y and the fused add's y are computed in float64 and rounded to float32
+  first; the float32 value is then rounded (RNE) to the half type. So an element may differ
+  from the oracle's float64 value rounded once only where that value lies within a few float32
+  ulps of a half rounding boundary: >= 99.9 % of elements are bit-equal to the oracle's, the
+  rest one ulp away (tests/test_numba_cpu_half.py, on every bit pattern; measured 99.98-100 %),
+  always within the tolerance model's bound. Float32 arithmetic for y is what brings a half
+  forward near float32's time per element (bench/cpu.py); dx stays float64 because its two
+  terms can cancel, which float32 would turn into large relative errors. A row with an inf or
+  NaN output (and, for y, a row whose rstd is outside [2^-100, 2^100], where float32 products
+  could overflow or lose bits) is written again in float64 and rounded once, so NaN and inf
+  rows have the oracle's bits.
 - Saved statistics: rstd (and LayerNorm's mean) in float32 for float16/bfloat16 inputs (what
   torch saves), float64 for float32 and float64 inputs. For float32 that is a choice: the value
   is computed in float64 anyway and costs 8 bytes per row, and a float64 rstd lets the backward
@@ -98,7 +98,8 @@ Numerical contract
   F16C (float16). ``_halfbits.to_work``/``from_work``/``outside_work`` choose the working
   precision per output type, so one kernel source serves every dtype, and flag the rows to
   write again (``_rms_write_general``, ``_bwd_dx_exact``, ``_ln_write_exact``,
-  ``_ln_dx_exact``). The fused residual add keeps the float64 write with one rounding.
+  ``_ln_dx_exact``, ``_add_write_scaled_row``). The fused residual add's y is rounded through
+  float32 too; its new residual (h = x + residual) is rounded once from float64.
   Complex inputs are not supported here (use the oracle).
 - Threads: kernels are ``nogil``; two Python threads may call them at once. Numba's "workqueue"
   threading layer cannot run two parallel regions at once, so when it is the active layer the
@@ -689,27 +690,35 @@ def _add_rstd_scaled(ss, x3, r3, b, i, rounded, eps):
 @njit(**_INL)
 def _add_write_and_sumsq(x3, r3, rounded, b, i, w, y3, rstd_s, res3, b1, i1):
     """Row (b, i)'s y (unscaled) while summing Σh² of row (b1, i1) and storing its
-    new_residual, in the lanes of ``_add_sumsq`` (same order, so the same bits)."""
+    new_residual, in the lanes of ``_add_sumsq`` (same order, so the same bits). A half y is
+    rounded to through float32 (``as_work``), as RMSNorm's dx; the new residual is rounded once.
+    Returns (Σh² of row (b1, i1), whether y needs ``_add_write_scaled_row``)."""
     n = x3.shape[2]
     acc = np.zeros(LANES)
+    outside = False
     n64 = n - n % LANES
     for j0 in range(0, n64, LANES):
         for lane in range(LANES):
             j = j0 + lane
-            y3[b, i, j] = from_f64(_h(x3, r3, b, i, j, rounded) * rstd_s * w[j], y3)  # (3)-(4)
+            yj = as_work(_h(x3, r3, b, i, j, rounded) * rstd_s * w[j], x3, y3)  # (3)-(4)
+            y3[b, i, j] = from_work(yj, y3)
+            outside |= outside_work(yj, y3)
             h = _h_stored(x3, r3, b1, i1, j, rounded, res3)
             acc[lane] += h * h  # (1) of the next row
     for lane in range(n - n64):
         j = n64 + lane
-        y3[b, i, j] = from_f64(_h(x3, r3, b, i, j, rounded) * rstd_s * w[j], y3)
+        yj = as_work(_h(x3, r3, b, i, j, rounded) * rstd_s * w[j], x3, y3)
+        y3[b, i, j] = from_work(yj, y3)
+        outside |= outside_work(yj, y3)
         h = _h_stored(x3, r3, b1, i1, j, rounded, res3)
         acc[lane] += h * h
-    return _lane_tree(acc)
+    return _lane_tree(acc), outside
 
 
 @njit(**_SER)
 def _add_write_scaled_row(x3, r3, rounded, b, i, w, y3, rstd_s, k):
-    """y of a scaled row: (h·2^-k)·rstd_s·w (rare, not inlined)."""
+    """y of a scaled row, (h·2^-k)·rstd_s·w, or of a row ``_add_write_and_sumsq`` flagged
+    (k = 0), rounded once by ``from_f64`` (rare, not inlined)."""
     for j in range(x3.shape[2]):
         y3[b, i, j] = from_f64(math.ldexp(_h(x3, r3, b, i, j, rounded), -k) * rstd_s * w[j], y3)
 
@@ -729,9 +738,9 @@ def _add_rms_fwd(x3, r3, rounded, w, eps, y3, res3, rstd_out):
             rstd_s, k = _add_rstd(ss, x3, r3, b, i, rounded, eps)  # (2) on h
             rstd_out[r] = math.ldexp(rstd_s, -k)
             rn = min(r + 1, r1 - 1)  # the row summed while row r is written
-            ss = _add_write_and_sumsq(x3, r3, rounded, b, i, w, y3, rstd_s, res3, rn // nr,
-                                      rn % nr)  # (3)-(4) of row r, (1) of row rn
-            if k != 0:  # a scaled float64 row: its y written again, scaled (one loop copy)
+            ss, outside = _add_write_and_sumsq(x3, r3, rounded, b, i, w, y3, rstd_s, res3,
+                                               rn // nr, rn % nr)  # (3)-(4) of r, (1) of rn
+            if k != 0 or outside:  # a scaled float64 row, or a flagged half row: y again
                 _add_write_scaled_row(x3, r3, rounded, b, i, w, y3, rstd_s, k)
 
 
