@@ -368,7 +368,7 @@ class ValidationReport:
             status = _row_status(qs.values())
             if probe in ("order", "repeat"):
                 msg = next(iter(qs.values())).message
-                if msg not in status:
+                if not msg or msg not in status:    # ("" is in every status)
                     status += f" ({msg})" if msg else " (identical bits)"
             out.append(f"{probe:<13}{dtype:<9}{r('y'):>9}{r('dx'):>9}{r('dweight'):>9}"
                        f"{ulp_y:>9}  {worst:<22}{status}")
