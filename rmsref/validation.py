@@ -860,7 +860,8 @@ class _Run:
         out, err = _call(backward, g, x, n, w, eps)
         if err or out is None:
             res.passed, res.ratio = False, math.inf
-            res.message = f"backward raised {err} in float64"
+            res.message = (f"backward raised {err}" if err else "backward returned None") + \
+                " in float64"
             return
         h = 1e-6
         yp = np.asarray(forward(x + h * v, n, None if w is None else w + h * vw, eps), np.float64)

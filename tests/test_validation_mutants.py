@@ -357,7 +357,7 @@ def test_nan_inf_rows_may_hold_anything_but_must_not_leak():
 
     rep = validate(leaking, None, probes=["nan_inf"], dtypes=["float32"], repeat=False)
     y = by(rep, "nan_inf", "y")
-    assert y.message == "NaN/Inf leaked out of its row" and not y.passed and not rep
+    assert y.message == "NaN/Inf leaked out of its row" and y.passed is False and not rep
 
 
 def test_the_deterministic_form_judges_by_the_larger_bound():
@@ -371,10 +371,12 @@ def test_the_deterministic_form_judges_by_the_larger_bound():
 
 
 def test_observations_leave_the_nan_inf_rows_out_of_the_diagnosis():
-    def n_minus_1(x, shape, weight=None, eps=None):    # mean(x²) over N − 1
-        n = x.shape[-1]
-        return (fwd(x, shape, weight, eps).astype(np.float64) * np.sqrt((n - 1) / n)
-                ).astype(x.dtype)
+    def n_minus_1(x, shape, weight=None, eps=None):    # mean(x²) over N − 1; zeros where
+        n = x.shape[-1]                                 # a row holds NaN/Inf (allowed)
+        y = (fwd(x, shape, weight, eps).astype(np.float64) * np.sqrt((n - 1) / n)
+             ).astype(x.dtype)
+        y[~np.all(np.isfinite(x), axis=-1)] = 0.0
+        return y
 
     rep = validate(n_minus_1, None, probes=["nan_inf"], dtypes=["float32"], repeat=False)
     assert [d.code for d in rep.diagnoses] == ["n_minus_1"]
@@ -506,6 +508,54 @@ def test_mostly_the_rival_order_fails_with_the_ratio_of_the_two_mismatch_rates()
     assert res.max_rel == pytest.approx(1.0 - own, rel=1e-12)
 
 
+class Blend(Recorder):
+    """Rows in the rival's order where ``rival_rows``, the expected order where ``own_rows``,
+    elsewhere the expected order but with every element where the two orders differ set to a
+    value of neither (the next representable number above both)."""
+
+    def __init__(self, expected, rival, rival_rows=slice(0, 0), own_rows=slice(0, 0)):
+        super().__init__(expected)
+        self.rival, self.rival_rows, self.own_rows = rival, rival_rows, own_rows
+
+    def __call__(self, x, shape, weight=None, eps=None):
+        y = super().__call__(x, shape, weight, eps)
+        if x.dtype == np.float32:
+            return y
+        y_alt = conv_mod.emulate(self.rival, x, weight, eps, rstd=self.rstd(x, eps))
+        out = y.copy()
+        split = y != y_alt
+        out[split] = np.maximum(np.nextafter(y, np.inf), np.nextafter(y_alt, np.inf))[split]
+        out[self.rival_rows] = y_alt[self.rival_rows]
+        out[self.own_rows] = y[self.own_rows]
+        return out
+
+
+def test_a_tie_between_the_orders_goes_to_the_expected_one():
+    f = Blend("torch", "llama")                     # matches both exactly where they agree
+    res, diag = _order(f)
+    own = float(res.message.split()[3].rstrip("%,"))
+    assert res.message.endswith(f"with 'llama' {own:.1f}%") and own > 50.0
+    assert res.passed and res.ratio == 0.0 and not diag.direct
+
+
+def test_more_own_than_rival_matches_passes_with_ratio_zero():
+    f = Blend("torch", "llama", rival_rows=slice(0, 8), own_rows=slice(8, 32))
+    res, _ = _order(f)
+    assert 0.5 < 1.0 - res.max_rel < 1.0 and res.passed and res.ratio == 0.0
+
+
+def test_half_the_elements_in_the_rival_order_and_none_in_the_expected_one_fails():
+    def half_rival(x, shape, weight=None, eps=None):
+        if x.dtype == np.float32:
+            return Recorder("torch")(x, shape, weight, eps)
+        y = conv_mod.emulate("llama", x, weight, eps)
+        y[16:] = np.nan                                 # matches neither order
+        return y
+
+    res, _ = _order(half_rival)
+    assert res.message.endswith("with 'llama' 50.0%") and not res.passed
+
+
 def test_neither_order_fitting_is_left_to_the_other_checks():
     def noisy(x, shape, weight=None, eps=None):
         y = rmsref.rms_norm(x, shape, weight, eps).astype(np.float64)
@@ -565,7 +615,9 @@ def test_order_diagnosis_names_the_rounding_of_the_rival_order(expected, rival, 
     res = CaseResult("order", "float16", "order", (32, 768), False, ratio=12.5)
     _order_diagnosis(diag, expected, rival, 0.1, 0.4, "order/float16", res)
     [d] = diag.direct
-    assert d.code == code and says in d.text and fix in d.fix
+    assert d.code == code and says in d.text
+    # offset_rounding's fix is all the check's; the others' fix is their code's own text
+    assert d.fix == fix if code == "offset_rounding" else fix in d.fix
     assert "?" not in d.text + d.fix                 # every field of the text was given
     assert d.evidence.cases == ["order/float16"] and d.evidence.ratio_before == 12.5
     assert res.diagnoses == [code]
@@ -703,6 +755,9 @@ def test_gradcheck_passes_the_oracle_in_float64_with_an_explicit_eps():
     assert 0 < f.seen[0][-1] < 1e-3
     x, _, w, _ = f.seen[0]
     assert x.dtype == w.dtype == np.float64 and x.shape == (4, 64) and w.shape == (64,)
+    # the gaussian probe's kind of input: rows of σ = 2, a weight 1 ± 0.3
+    assert abs(np.std(x) - 2.0) < 0.4 and abs(np.mean(w) - 1.0) < 0.2
+    assert 0.15 < np.std(w) < 0.5
     # x ± h·v along a direction v of every element, and w ± h·v_w
     dxs = f.seen[1][0] - f.seen[2][0]
     assert np.all(dxs != 0) and len({round(float(v), 12) for v in dxs.reshape(-1)}) > 200
@@ -738,22 +793,31 @@ def test_gradcheck_catches_a_dx_error_whose_rows_sum_to_zero():
     assert d.evidence.ratio_before == res.ratio and res.diagnoses == ["inconsistent_backward"]
 
 
-def _scaled_dx(delta):
-    def b(dy, x, shape, weight=None, eps=None):
-        dx, dw = bwd(dy, x, shape, weight, eps)
-        return dx * (1 + delta), dw
-    return b
+def test_gradcheck_ratio_is_the_directional_error_over_1e_7_of_the_terms_and_turns_at_one():
+    # the check's inputs, read from the calls: x ± h·v, w ± h·v_w, dy = g
+    f, b = Flaky(fwd), Flaky(bwd)
+    _gradcheck(f, b)
+    (x, n, w, eps), (xp, _, wp, _), (xm, _, wm, _) = f.seen
+    g = b.seen[0][0]
+    h = 1e-6
+    v, vw = (xp - xm) / (2 * h), (wp - wm) / (2 * h)
+    yp, ym = fwd(xp, n, wp, eps), fwd(xm, n, wm, eps)
+    fd = float(np.sum(g * (yp - ym)) / (2 * h))
+    scale = float(np.sum(np.abs(g * (yp - ym))) / (2 * h))
+    dx, dw = bwd(g, x, n, w, eps)
+    a_dx, a_dw = float(np.sum(dx * v)), float(np.sum(dw * vw))
 
+    def scaled(delta):                                # dx off by a relative delta
+        def bwd_delta(dy, x, shape, weight=None, eps=None):
+            dx, dw = bwd(dy, x, shape, weight, eps)
+            return dx * (1 + delta), dw
+        return bwd_delta
 
-def test_gradcheck_verdict_turns_at_ratio_one():
-    # the ratio is linear in a relative error δ of dx: two runs find the δ of a chosen ratio
-    r1 = _gradcheck(fwd, _scaled_dx(1e-6))[0][0].ratio
-    r2 = _gradcheck(fwd, _scaled_dx(2e-6))[0][0].ratio
-    slope = (r2 - r1) / 1e-6
-    at = r1 - slope * 1e-6
-    for target, passed in ((1.001, False), (0.999, True)):
-        [res], _ = _gradcheck(fwd, _scaled_dx((target - at) / slope))
-        assert res.ratio == pytest.approx(target, abs=2e-4) and res.passed is passed
+    for target in (0.9, 1.1, 5.0):
+        delta = (fd - a_dx - a_dw + target * 1e-7 * scale) / a_dx
+        [res], diag = _gradcheck(fwd, scaled(delta))
+        assert res.ratio == pytest.approx(target, rel=1e-3)
+        assert res.passed is (target <= 1.0) and bool(diag.direct) is (target > 1.0)
 
 
 def test_gradcheck_of_a_large_float64_output_is_still_done():
@@ -803,6 +867,24 @@ def test_gradcheck_reports_a_backward_that_raises_in_float64():
     assert res.message == "backward raised TypeError: float64 not supported in float64"
 
 
+def test_gradcheck_reports_a_backward_that_returns_nothing_in_float64():
+    def nothing(dy, x, shape, weight=None, eps=None):
+        return None
+
+    [res], _ = _gradcheck(fwd, nothing)
+    assert (res.passed, res.ratio) == (False, math.inf)
+    assert res.message == "backward returned None in float64"
+
+
+def test_gradcheck_reads_the_values_of_a_column_dweight():
+    def column_dw(dy, x, shape, weight=None, eps=None):    # (N, 1): the probes flag the shape
+        dx, dw = bwd(dy, x, shape, weight, eps)
+        return dx, dw.reshape(-1, 1)
+
+    [res], _ = _gradcheck(fwd, column_dw)
+    assert res.passed and res.ratio < 1e-2
+
+
 def test_gradcheck_leaves_wrong_shapes_to_the_probes():
     def flat_dx(dy, x, shape, weight=None, eps=None):
         dx, dw = bwd(dy, x, shape, weight, eps)
@@ -829,3 +911,270 @@ def test_gradcheck_of_a_constant_forward_needs_a_zero_backward():
 
     [res], _ = _gradcheck(zeros, nonzero)
     assert not res.passed and res.ratio > 1e100
+
+
+# ---- validate's arguments, the declared implementation's notes ------------------------------
+
+
+class Calls:
+    """A correct forward that records the (probe-less) arguments of each call."""
+
+    def __init__(self):
+        self.seen = []
+        self.__name__ = "calls"
+
+    def __call__(self, x, shape, weight=None, eps=None):
+        self.seen.append((x, shape, weight, eps))
+        return fwd(x, shape, weight, eps)
+
+
+def test_validate_defaults_seed_zero_and_names_the_implementation():
+    f, g = Calls(), Calls()
+    rep = validate(f, None, probes="gaussian", dtypes=["float32"], repeat=False)
+    validate(g, None, probes="gaussian", dtypes=["float32"], repeat=False, seed=0)
+    assert rep.name == "implementation" and rep.lines()[0].startswith("implementation: PASS")
+    assert [c.probe for c in rep.cases] == ["gaussian"]        # one probe given as a string
+    assert np.array_equal(f.seen[0][0], g.seen[0][0])
+    named = validate(fwd, None, probes="gaussian", dtypes=["float32"], repeat=False, name="mine")
+    assert named.name == "mine" and named.table().splitlines()[0].startswith(
+        "rmsref validate: mine as 'torch'")
+
+
+def test_validate_is_reproducible_and_the_seed_changes_every_probe():
+    def inputs(seed):
+        f = Calls()
+        validate(f, None, probes=["gaussian", "offset"], dtypes=["float32"], repeat=False,
+                 seed=seed)
+        return [a[0] for a in f.seen]
+
+    a, b, c = inputs(3), inputs(3), inputs(4)
+    assert all(np.array_equal(u, v) for u, v in zip(a, b, strict=True))
+    assert not any(np.array_equal(u, v) for u, v in zip(a, c, strict=True))
+
+
+def test_validate_takes_numpy_dtypes_and_names_them():
+    f = Calls()
+    rep = validate(f, None, probes=["gaussian"], dtypes=[np.float32, np.dtype(np.float16)],
+                   repeat=True, shapes=[(4, 64)])
+    assert rep.dtypes == ("float32", "float16")
+    assert {c.dtype for c in rep.cases} == {"float32", "float16"}
+    # the repeat check's two calls (64 x 1024) get inputs in the dtype asked for
+    assert [a[0].dtype.name for a in f.seen if a[0].shape == (64, 1024)] == [
+        "float32", "float32", "float16", "float16"]
+
+
+def test_validate_progress_counts_probe_and_dtype_pairs():
+    seen = []
+    validate(fwd, None, probes=["gaussian", "offset"], dtypes=["float32", "float16"],
+             repeat=False, shapes=[(4, 64)], progress=lambda *a: seen.append(a))
+    assert seen == [(1, 4, "gaussian/float32"), (2, 4, "offset/float32"),
+                    (3, 4, "gaussian/float16"), (4, 4, "offset/float16")]
+
+
+def test_validate_passes_the_eps_given_except_where_a_probe_sets_its_own():
+    f = Calls()
+    validate(f, None, probes=["gaussian", "eps_default", "underflow", "eps_explicit"],
+             dtypes=["float32"], repeat=False, eps=2e-3)
+    assert [a[3] for a in f.seen] == [2e-3, None, 0.0, 2e-3]
+    g = Calls()
+    validate(g, None, probes=["gaussian", "eps_explicit"], dtypes=["float32"], repeat=False)
+    assert [a[3] for a in g.seen] == [None, 1e-3]
+
+
+def test_probes_draw_weights_around_one():
+    f = Calls()
+    validate(f, None, probes=["gaussian"], dtypes=["float32"], repeat=False)
+    w = f.seen[0][2].astype(np.float64)
+    assert w.shape == (768,) and abs(np.mean(w) - 1.0) < 0.05 and abs(np.std(w) - 0.3) < 0.05
+
+
+def test_validate_refuses_the_paper_convention_and_unknown_names():
+    with pytest.raises(ValueError) as e:
+        validate(fwd, convention="paper")
+    assert str(e.value) == (
+        "validate checks RMSNorm with eps inside the square root; the 'paper' convention "
+        "(x / (rms + eps)) is a different function: compare it with "
+        "rmsref.conventions.emulate('paper', ...) instead")
+    known = ", ".join(rmsref.validation.ALL_PROBES)
+    with pytest.raises(ValueError) as e:
+        validate(fwd, probes=["gaussian", "nope"])
+    assert str(e.value) == f"unknown probe 'nope'; known: {known}"
+    with pytest.raises(ValueError) as e:
+        rmsref.validation._make_cases("nope", np.dtype("float32"), np.random.default_rng(0),
+                                      None, None)
+    assert str(e.value) == f"unknown probe 'nope'; known: {known}"
+    with pytest.raises(ValueError) as e:
+        validate(fwd, dtypes=["float8"])
+    names = ", ".join(rmsref._shapes.FLOAT_DTYPES)
+    assert str(e.value) == f"dtype 'float8' not supported; use {names}"
+
+
+def test_the_probe_registry():
+    probes = rmsref.validation.PROBES
+    assert all(p.name == k and p.what and callable(p.make) for k, p in probes.items())
+    assert rmsref.validation.ADVISORY == ("overflow", "underflow")
+    assert [k for k, p in probes.items() if p.advisory] == ["overflow", "underflow"]
+
+
+def _declaring(**fields):
+    def f(x, shape, weight=None, eps=None):
+        return fwd(x, shape, weight, 1e-6 if eps is None else eps)
+    f.rmsref_declared = Declared(**fields)
+    return f
+
+
+def test_notes_say_what_the_implementation_declared():
+    rep = validate(_declaring(eps_default=1e-6, normalized_dims="last", param_dtype="bfloat16",
+                              has_weight=False, takes_eps=False, offset=1.0),
+                   None, probes=["gaussian", "multidim", "eps_explicit"], dtypes=["float32"],
+                   repeat=False)
+    assert rep.notes == [
+        "eps=None probes use the implementation's declared eps 1e-06 (the 'torch' "
+        "convention's default is not used)",
+        "the implementation normalises the last dimension only",
+        "its own parameters are bfloat16; each probe passes its weight in the probe's dtype",
+        "the implementation has no weight: the probes' weights are dropped and y = x·rstd "
+        "is checked",
+        "the implementation takes no eps: probes with an explicit eps do not apply",
+        "the implementation uses its weight as 1 + w, the 'torch' convention as 0 + w",
+    ]
+    assert [(c.probe, c.status) for c in rep.cases] == [
+        ("gaussian", "pass"), ("multidim", "n/a"), ("eps_explicit", "n/a")]
+    na = by(rep, "eps_explicit", "y")
+    assert na.not_applicable == "takes no eps; this probe passes eps=0.001"
+    assert (na.quantity, na.shape, na.passed) == ("y", (8, 512), False)
+    assert by(rep, "multidim", "y").not_applicable == (
+        "normalises the last dimension only; this probe normalises 2 dims")
+    assert json.loads(rep.to_json())["cases"][1]["passed"] is False
+    plain = validate(_declaring(offset=0.0), None, probes=["gaussian"], dtypes=["float32"],
+                     repeat=False)
+    assert plain.notes == []
+
+
+def test_a_declaration_of_the_default_eps_sets_the_reference_eps():
+    # the forward's own default is 0.1; declared, the reference uses it and the probe passes
+    def big_eps(x, shape, weight=None, eps=None):
+        return fwd(x, shape, weight, 0.1 if eps is None else eps)
+
+    assert not validate(big_eps, None, probes=["eps_default"], dtypes=["float32"], repeat=False)
+    big_eps.rmsref_declared = Declared(eps_default=0.1)
+    assert validate(big_eps, None, probes=["eps_default"], dtypes=["float32"], repeat=False)
+
+
+# ---- to_json, _Diagnoser --------------------------------------------------------------------
+
+
+def test_to_json_keeps_numbers_spells_non_finite_ones_and_writes_the_file(tmp_path):
+    d = _nondet()
+    rep = ValidationReport("torch", ("float32",), [
+        _case("y", True, ratio=0.5, worst=(1, 2)), _case("dx", False, ratio=math.inf,
+                                                        max_abs=math.nan, message="m")],
+        [d], name="mine", notes=["a note"])
+    path = tmp_path / "r.json"
+    text = rep.to_json(str(path))
+    assert path.read_text(encoding="utf-8") == text
+    doc = json.loads(text)
+    assert (doc["name"], doc["convention"], doc["dtypes"], doc["passed"], doc["notes"]) == (
+        "mine", "torch", ["float32"], False, ["a note"])
+    y, dx = doc["cases"]
+    assert (y["ratio"], y["worst"], y["status"], y["probe"]) == (0.5, [1, 2], "pass", "gaussian")
+    assert (dx["ratio"], dx["max_abs"], dx["message"]) == ("inf", "nan", "m")
+    assert doc["diagnoses"] == [{"code": "nondeterministic", "text": d.text, "fix": d.fix,
+                                 "evidence": {"cases": ["repeat/float32"], "ratio_before": 0.0,
+                                              "ratio_after": None, "match_rate": None,
+                                              "params": {}}}]
+
+
+def test_diagnoser_collects_one_diagnosis_per_code_with_every_place():
+    diag = _Diagnoser()
+    r1 = _case("dx", False, ratio=4.0)
+    diag.add("nondeterministic", "repeat/float32", r1, what="y")
+    diag.add("nondeterministic", "repeat/float16", None, what="dx")
+    diag.add("nondeterministic", "repeat/float32", r1, what="y")
+    diag.add("inconsistent_backward", "gradcheck/float64")
+    first, second = diag.direct
+    assert first.code == "nondeterministic" and first.text.startswith("non-deterministic y:")
+    assert first.evidence.cases == ["repeat/float32", "repeat/float16"]
+    assert first.evidence.ratio_before == 4.0 and r1.diagnoses == ["nondeterministic"]
+    assert second.code == "inconsistent_backward" and second.evidence.ratio_before == 0.0
+    assert second.evidence.cases == ["gradcheck/float64"]
+
+
+def test_diagnoser_merges_a_direct_finding_into_the_fitted_one(monkeypatch):
+    def fitted_of(*codes):
+        return lambda obs: [diagnosis.make(c, diagnosis.Evidence(cases=["gaussian/bfloat16/y"]))
+                            for c in codes]
+
+    def direct():
+        diag = _Diagnoser()
+        diag.add("double_rounding", "order/bfloat16", match="90%")
+        diag.add("nondeterministic", "repeat/bfloat16", what="y")
+        diag.add("nondeterministic", "repeat/float16", what="y")
+        return diag
+
+    monkeypatch.setattr(diagnosis, "diagnose", fitted_of("double_rounding"))
+    out = direct().finish()
+    assert [d.code for d in out] == ["double_rounding", "nondeterministic"]
+    assert out[0].evidence.cases == ["gaussian/bfloat16/y", "order/bfloat16"]
+    assert out[1].evidence.cases == ["repeat/bfloat16", "repeat/float16"]
+    # a 16-bit statistic rounds x̂ before w too: the direct double rounding is not a second cause
+    monkeypatch.setattr(diagnosis, "diagnose", fitted_of("low_precision_accumulation"))
+    out = direct().finish()
+    assert [d.code for d in out] == ["low_precision_accumulation", "nondeterministic"]
+    monkeypatch.setattr(diagnosis, "diagnose", fitted_of("n_minus_1"))
+    assert [d.code for d in direct().finish()] == ["n_minus_1", "double_rounding",
+                                                   "nondeterministic"]
+
+
+# ---- what the messages call the user's objects ------------------------------------------------
+
+
+def test_messages_name_a_callable_object_by_its_type():
+    class Kernel:                                      # no __name__: its type names it
+        def __call__(self, x, shape, weight=None, eps=None):
+            raise RuntimeError("not compiled")
+
+    y = by(small(Kernel(), None), "gaussian", "y")
+    assert y.message == "forward Kernel raised RuntimeError: not compiled"
+
+
+def test_order_check_counts_nan_as_matching_no_order():
+    def nan_out(x, shape, weight=None, eps=None):
+        return np.full(x.shape, np.nan, x.dtype)
+
+    res, _ = _order(nan_out)
+    assert res.message == "bit-exact with 'torch' 0.0%, with 'llama' 0.0%"
+    assert res.max_rel == 1.0 and res.passed         # neither order fits: left to the probes
+    assert res.ratio == 0.0
+
+
+@pytest.mark.parametrize("second", [
+    lambda y: y.astype(np.float64),                  # the same values, another dtype
+    lambda y: y.reshape(y.shape[1], y.shape[0]),      # the same bytes, another shape
+])
+def test_repeat_outputs_must_agree_in_dtype_and_shape_too(second):
+    class Changing:
+        __name__ = "changing"
+
+        def __init__(self):
+            self.n = 0
+
+        def __call__(self, x, shape, weight=None, eps=None):
+            self.n += 1
+            y = fwd(x, shape, weight, eps)
+            return second(y) if self.n == 2 else y
+
+    res, _ = _repeat(Changing())
+    assert res.message == "two identical calls gave different bits in y" and not res.passed
+
+
+def test_fitted_diagnoses_name_the_probe_dtype_and_quantity_they_explain():
+    def dw_times_w(dy, x, shape, weight=None, eps=None):
+        dx, dw = bwd(dy, x, shape, weight, eps)
+        return dx, (dw * weight).astype(dw.dtype)
+
+    rep = validate(fwd, dw_times_w, probes=["gaussian", "square"], dtypes=["float32"],
+                   shapes=[(4, 64)], repeat=False)
+    [d] = rep.diagnoses
+    assert d.code == "dweight_times_weight"
+    assert d.evidence.cases == ["gaussian/float32/dweight", "square/float32/dweight"]
