@@ -5,7 +5,7 @@
     python bench/mutation.py --full --module rmsref/_sumsq.py --module rmsref/tolerance.py
     python bench/mutation.py --full --module rmsref/_sumsq.py --tests tests/test_sumsq.py --keep
     python bench/mutation.py --rerun --workdir DIR   # the survivors again, against today's tests
-                                                     # (and the test files written since)
+                                                     # and code (and the test files written since)
     python bench/mutation.py --report --workdir DIR [--workdir DIR2 ...]  # one table of kept runs
 
 A mutant is the package with one small change (``+`` for ``-``, ``<`` for ``<=``, a constant
@@ -190,6 +190,17 @@ def refresh_selection(work: Path) -> list[str]:
     return added
 
 
+def refresh_sources(work: Path) -> None:
+    """Copy the checkout's package over a kept scratch copy's, then let mutmut generate again:
+    it keeps the verdicts of every function whose code is unchanged and resets (to "not
+    checked") the mutants of a function that changed, which --rerun then runs."""
+    for conf_path in tomllib.loads((work / "pyproject.toml").read_text())["tool"]["mutmut"][
+            "source_paths"]:
+        shutil.copytree(ROOT / conf_path, work / conf_path, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    generate(work)
+
+
 def refresh_tests(work: Path) -> None:
     """Copy the checkout's tests over a kept scratch copy's (and mutmut's copy of them in
     ``mutants/``), so that --rerun judges old survivors by the tests written since. mutmut finds
@@ -268,9 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--quick", action="store_true", help="a fixed random sample of mutants")
     mode.add_argument("--full", action="store_true", help="every mutant (hours)")
     mode.add_argument("--rerun", action="store_true",
-                      help="with --workdir: run its survivors (and the mutants no test reached "
-                           "or whose test run crashed) again, against the checkout's current "
-                           "tests")
+                      help="with --workdir: run its survivors (and the mutants no test reached, "
+                           "whose test run crashed, or of a function changed since) again, "
+                           "against the checkout's current tests and code")
     mode.add_argument("--report", action="store_true",
                       help="only write the table of what --workdir's runs have checked")
     parser.add_argument("--sample", type=int, default=24, help="mutants in --quick (24)")
@@ -313,8 +324,12 @@ def main(argv: list[str] | None = None) -> int:
             if added:
                 print(f"test selection widened by {', '.join(added)}", flush=True)
             refresh_tests(work)
-            before = statuses(work)
-            chosen = [n for n in names if before.get(n) in ("survived", "no tests", *CRASHED)]
+            refresh_sources(work)
+            before = statuses(work)                  # the names, some new, and verdicts
+            where = {n: work for n in before if module_of(n) in wanted}
+            names = sorted(where)
+            chosen = [n for n in names if before[n] in ("survived", "no tests", "not checked",
+                                                        *CRASHED)]
         if args.report:
             chosen = []
         print(f"{len(names)} mutants generated in {len(modules)} modules; running {len(chosen)}",

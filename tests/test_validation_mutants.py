@@ -571,8 +571,14 @@ def test_an_implementation_refusing_float32_is_emulated_with_its_declared_eps():
     f = Recorder("torch", eps_none=0.5, float32=False)
     res, _ = _order(f, declared=Declared(eps_default=0.5, takes_eps=False))
     assert f.calls[0][3] is None and res.passed and res.max_rel == 0.0
-    g = Recorder("llama", float32=False)
+    g = Recorder("torch", float32=False)                # eps given: the emulation's too
     res, _ = _order(g)
+    assert res.passed and res.max_rel == 0.0
+    h = Recorder("llama", eps_none=0.5, float32=False)   # the rival's emulation's too
+    res, _ = _order(h, declared=Declared(eps_default=0.5, takes_eps=False))
+    assert not res.passed and res.ratio > 1e9
+    k = Recorder("llama", float32=False)
+    res, _ = _order(k)
     assert not res.passed and res.ratio > 1e9
 
 
