@@ -1184,3 +1184,49 @@ def test_fitted_diagnoses_name_the_probe_dtype_and_quantity_they_explain():
     [d] = rep.diagnoses
     assert d.code == "dweight_times_weight"
     assert d.evidence.cases == ["gaussian/float32/dweight", "square/float32/dweight"]
+
+
+def test_a_failure_just_over_the_bound_is_still_diagnosed():
+    def eps_off(k):                                  # eps·(1 + k) in place of the eps given
+        def f(x, shape, weight=None, eps=None):
+            return fwd(x, shape, weight, eps * (1 + k))
+        return f
+
+    def run(k):
+        return validate(eps_off(k), None, probes=["eps_explicit"], dtypes=["float32"],
+                        repeat=False)
+
+    r = by(run(1e-3), "eps_explicit", "y").ratio      # the ratio grows linearly with k
+    rep = run(1e-3 * 1.5 / r)
+    y = by(rep, "eps_explicit", "y")
+    assert 1.0 < y.ratio < 2.0 and not rep
+    # every failure gets a diagnosis line: a known cause, or no_known_cause naming the case
+    assert [d.evidence.cases for d in rep.diagnoses] == [["eps_explicit/float32/y"]]
+
+
+def test_probe_registration(monkeypatch):
+    registry = {}
+    monkeypatch.setattr(rmsref.validation, "PROBES", registry)
+
+    def make(p):
+        return []
+
+    assert rmsref.validation._probe("mine", "what it looks for")(make) is make
+    assert rmsref.validation._probe("adv", "x", advisory=True)(make) is make
+    assert registry == {
+        "mine": rmsref.validation.Probe("mine", "what it looks for", make, False),
+        "adv": rmsref.validation.Probe("adv", "x", make, True)}
+
+
+def test_a_row_of_passing_and_not_applicable_cases_is_ok():
+    rows = [_case("y", False, not_applicable="why"), _case("dx", True)]
+    _, [row], _ = _cells(ValidationReport("torch", ("float32",), rows, []).table())
+    assert row["status"] == "ok"
+
+
+def test_diagnoser_marks_every_result_that_shows_a_cause():
+    diag = _Diagnoser()
+    r1, r2 = _case("y", False, ratio=3.0), _case("y", False, probe="tiny", ratio=5.0)
+    diag.add("nondeterministic", "repeat/float32", r1, what="y")
+    diag.add("nondeterministic", "repeat/float16", r2, what="y")
+    assert r1.diagnoses == r2.diagnoses == ["nondeterministic"]
