@@ -5,6 +5,7 @@
     python bench/mutation.py --full --module rmsref/_sumsq.py --module rmsref/tolerance.py
     python bench/mutation.py --full --module rmsref/_sumsq.py --tests tests/test_sumsq.py --keep
     python bench/mutation.py --rerun --workdir DIR   # the survivors again, against today's tests
+                                                     # and code (and the test files written since)
     python bench/mutation.py --report --workdir DIR [--workdir DIR2 ...]  # one table of kept runs
 
 A mutant is the package with one small change (``+`` for ``-``, ``<`` for ``<=``, a constant
@@ -23,6 +24,8 @@ function. Run it with ``nice``: it is one core for a long time.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import random
 import re
@@ -157,6 +160,47 @@ def run(work: Path, names: list[str]) -> None:
     mutmut(work, "run", "--max-children", "1", *names)
 
 
+def _fingerprint(values: list[str]) -> str:
+    """mutmut's hash of a config list (``Config.config_fingerprint``)."""
+    return hashlib.sha256(repr(tuple(values)).encode()).hexdigest()[:12]
+
+
+def refresh_selection(work: Path) -> list[str]:
+    """Add to a kept copy's test selection the files the checkout's selection names that the
+    copy lacks (test files written since its run), keeping the copy's own narrowing (--tests);
+    call it before refresh_tests. mutmut resets every verdict when the selection changes (its
+    config fingerprint); more tests cannot revive a killed mutant, so the fingerprint it stored
+    is set to the new selection instead, and mutmut collects only the new tests' stats."""
+    key = "pytest_add_cli_args_test_selection"
+    checkout = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"][key]
+    pyproject = work / "pyproject.toml"
+    old = tomllib.loads(pyproject.read_text())["tool"]["mutmut"][key]
+    added = [t for t in checkout if t not in old and not (work / t).exists()]
+    if not added:
+        return []
+    stats_file = work / "mutants" / "mutmut-stats.json"
+    stats = json.loads(stats_file.read_text()) if stats_file.exists() else None
+    if stats and stats["config_fingerprint"]["test_selection"] != _fingerprint(old):
+        raise RuntimeError(f"{stats_file}: test_selection fingerprint is not mutmut 3.8's hash "
+                           "of the copy's selection; refusing to widen it")
+    pyproject.write_text(_toml_list(key, old + added, pyproject.read_text()))
+    if stats:
+        stats["config_fingerprint"]["test_selection"] = _fingerprint(old + added)
+        stats_file.write_text(json.dumps(stats, indent=4))
+    return added
+
+
+def refresh_sources(work: Path) -> None:
+    """Copy the checkout's package over a kept scratch copy's, then let mutmut generate again:
+    it keeps the verdicts of every function whose code is unchanged and resets (to "not
+    checked") the mutants of a function that changed, which --rerun then runs."""
+    for conf_path in tomllib.loads((work / "pyproject.toml").read_text())["tool"]["mutmut"][
+            "source_paths"]:
+        shutil.copytree(ROOT / conf_path, work / conf_path, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    generate(work)
+
+
 def refresh_tests(work: Path) -> None:
     """Copy the checkout's tests over a kept scratch copy's (and mutmut's copy of them in
     ``mutants/``), so that --rerun judges old survivors by the tests written since. mutmut finds
@@ -235,9 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--quick", action="store_true", help="a fixed random sample of mutants")
     mode.add_argument("--full", action="store_true", help="every mutant (hours)")
     mode.add_argument("--rerun", action="store_true",
-                      help="with --workdir: run its survivors (and the mutants no test reached "
-                           "or whose test run crashed) again, against the checkout's current "
-                           "tests")
+                      help="with --workdir: run its survivors (and the mutants no test reached, "
+                           "whose test run crashed, or of a function changed since) again, "
+                           "against the checkout's current tests and code")
     mode.add_argument("--report", action="store_true",
                       help="only write the table of what --workdir's runs have checked")
     parser.add_argument("--sample", type=int, default=24, help="mutants in --quick (24)")
@@ -276,9 +320,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.quick:
             chosen = sorted(random.Random(args.seed).sample(names, min(args.sample, len(names))))
         if args.rerun:
+            added = refresh_selection(work)
+            if added:
+                print(f"test selection widened by {', '.join(added)}", flush=True)
             refresh_tests(work)
-            before = statuses(work)
-            chosen = [n for n in names if before.get(n) in ("survived", "no tests", *CRASHED)]
+            refresh_sources(work)
+            before = statuses(work)                  # the names, some new, and verdicts
+            where = {n: work for n in before if module_of(n) in wanted}
+            names = sorted(where)
+            chosen = [n for n in names if before[n] in ("survived", "no tests", "not checked",
+                                                        *CRASHED)]
         if args.report:
             chosen = []
         print(f"{len(names)} mutants generated in {len(modules)} modules; running {len(chosen)}",

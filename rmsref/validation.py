@@ -368,7 +368,7 @@ class ValidationReport:
             status = _row_status(qs.values())
             if probe in ("order", "repeat"):
                 msg = next(iter(qs.values())).message
-                if msg not in status:
+                if not msg or msg not in status:    # ("" is in every status)
                     status += f" ({msg})" if msg else " (identical bits)"
             out.append(f"{probe:<13}{dtype:<9}{r('y'):>9}{r('dx'):>9}{r('dweight'):>9}"
                        f"{ulp_y:>9}  {worst:<22}{status}")
@@ -860,7 +860,8 @@ class _Run:
         out, err = _call(backward, g, x, n, w, eps)
         if err or out is None:
             res.passed, res.ratio = False, math.inf
-            res.message = f"backward raised {err} in float64"
+            res.message = (f"backward raised {err}" if err else "backward returned None") + \
+                " in float64"
             return
         h = 1e-6
         yp = np.asarray(forward(x + h * v, n, None if w is None else w + h * vw, eps), np.float64)
