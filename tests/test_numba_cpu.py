@@ -517,3 +517,30 @@ def test_registry_returns_this_module():
                  "layer_norm_forward", "layer_norm_backward"):
         assert callable(getattr(K, name)), name
 
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX only")
+def test_forked_child_runs_the_kernels(rng):
+    """A process forked after a threaded call (the launcher's pool exists in the parent only)
+    computes the same bits in the child, without hanging: the pool is made again there, and no
+    Numba threading layer was started to abort the child."""
+    import select
+
+    x = _data(rng, (256, 512), np.float32)  # above SERIAL_BELOW: the pool is used
+    y_parent = K.rms_norm(x, 512)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report whether its result has the parent's bits
+        try:
+            ok = np.array_equal(K.rms_norm(x, 512), y_parent)
+            os.write(write_end, b"same" if ok else b"diff")
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    ready, _, _ = select.select([read_end], [], [], 60)
+    if not ready:
+        os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    answer = os.read(read_end, 4) if ready else b"hung"
+    os.close(read_end)
+    assert answer == b"same", f"the forked child answered {answer!r}"

@@ -51,7 +51,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from numba import njit, prange
+from numba import njit
 
 from rmsref.kernels._halfbits import to_f64, work_row
 from rmsref.kernels.numba_cpu import (
@@ -146,10 +146,10 @@ def _dot_v2(g3, x3, b, i, w, n, k):
 # Forward v1-v3 (v4 is the library's ``_rms_fwd_v4``). x3, y3: (B, R, N); rstd_out: (M,).
 # ============================================================================================
 @njit(**_PAR)
-def _rms_fwd_v1(x3, w, bias, has_bias, kf, eps, y3, rstd_out):
+def _rms_fwd_v1(x3, w, bias, has_bias, kf, eps, y3, rstd_out, t0, t1):
     nr = x3.shape[1]
     ww = work_row(w, x3, y3)  # w' in the working precision (the library's, for its y)
-    for r in prange(x3.shape[0] * nr):
+    for r in range(t0, t1):  # this call's share of the tasks (``_launch``)
         b, i = r // nr, r % nr
         ss = _sumsq_v1(x3, b, i, kf)  # (1) Σx², one accumulator
         rstd_s, k = _rstd_from_sumsq(ss, x3, b, i, kf, eps)  # (2)
@@ -158,10 +158,10 @@ def _rms_fwd_v1(x3, w, bias, has_bias, kf, eps, y3, rstd_out):
 
 
 @njit(**_PAR)
-def _rms_fwd_v2(x3, w, bias, has_bias, kf, eps, y3, rstd_out):
+def _rms_fwd_v2(x3, w, bias, has_bias, kf, eps, y3, rstd_out, t0, t1):
     nr = x3.shape[1]
     ww = work_row(w, x3, y3)  # w' in the working precision (the library's, for its y)
-    for r in prange(x3.shape[0] * nr):
+    for r in range(t0, t1):  # this call's share of the tasks (``_launch``)
         b, i = r // nr, r % nr
         ss = _sumsq_v2(x3, b, i, kf)  # (1) Σx², 8 lanes
         rstd_s, k = _rstd_from_sumsq(ss, x3, b, i, kf, eps)  # (2)
@@ -170,10 +170,10 @@ def _rms_fwd_v2(x3, w, bias, has_bias, kf, eps, y3, rstd_out):
 
 
 @njit(**_PAR)
-def _rms_fwd_v3(x3, w, bias, has_bias, kf, eps, y3, rstd_out):
+def _rms_fwd_v3(x3, w, bias, has_bias, kf, eps, y3, rstd_out, t0, t1):
     nr = x3.shape[1]
     ww = work_row(w, x3, y3)  # w' in the working precision (the library's, for its y)
-    for r in prange(x3.shape[0] * nr):
+    for r in range(t0, t1):  # this call's share of the tasks (``_launch``)
         b, i = r // nr, r % nr
         ss = _sumsq_v3(x3, b, i, kf)  # (1) Σx², 64 lanes
         rstd_s, k = _rstd_from_sumsq(ss, x3, b, i, kf, eps)  # (2)
@@ -186,10 +186,10 @@ def _rms_fwd_v3(x3, w, bias, has_bias, kf, eps, y3, rstd_out):
 # ============================================================================================
 @njit(**_PAR)
 def _rms_bwd_v1(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, dw_parts,
-                db_parts):
+                db_parts, t0, t1):
     nr = x3.shape[1]
     m = x3.shape[0] * nr
-    for p in prange(dw_parts.shape[0]):
+    for p in range(t0, t1):  # this call's share of the tasks (``_launch``)
         _zero_part(dw_parts, p)
         _zero_part(db_parts, p)
         for r in range(p * ROWS_PER_PART, min(m, (p + 1) * ROWS_PER_PART)):
@@ -205,10 +205,10 @@ def _rms_bwd_v1(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, d
 
 @njit(**_PAR)
 def _rms_bwd_v2(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, dw_parts,
-                db_parts):
+                db_parts, t0, t1):
     nr = x3.shape[1]
     m = x3.shape[0] * nr
-    for p in prange(dw_parts.shape[0]):
+    for p in range(t0, t1):  # this call's share of the tasks (``_launch``)
         _zero_part(dw_parts, p)
         _zero_part(db_parts, p)
         for r in range(p * ROWS_PER_PART, min(m, (p + 1) * ROWS_PER_PART)):
@@ -224,14 +224,14 @@ def _rms_bwd_v2(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, d
 
 @njit(**_PAR)
 def _rms_bwd_v4(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, dw_parts,
-                db_parts):
+                db_parts, t0, t1):
     nr = x3.shape[1]
     m = x3.shape[0] * nr
     n = x3.shape[2]
     # the pipelined loop covers the common call (saved rstd, K = N, a weight, no bias); each
     # helper is inlined once (compile time)
     fuse = has_rstd and kf == n and want_dw and not want_db
-    for p in prange(dw_parts.shape[0]):
+    for p in range(t0, t1):  # this call's share of the tasks (``_launch``)
         _zero_part(dw_parts, p)
         _zero_part(db_parts, p)
         r0 = p * ROWS_PER_PART
@@ -294,8 +294,13 @@ def variant(name: str, number: int) -> Callable[..., Any]:
         raise ValueError(f"{name} has variants {sorted(kernels)}, not {number!r}")
     kernel = kernels[number]
 
+    if name == "rms_norm_forward" and number < 4:  # v1-v3 run a task per row
+        kwargs_task = {"rows_per_task": 1}
+    else:
+        kwargs_task = {}
+
     def run(*args: Any, **kwargs: Any) -> Any:
-        return wrapper(kernel, *args, **kwargs)
+        return wrapper(kernel, *args, **kwargs_task, **kwargs)
 
     run.__name__ = f"{name}_v{number}"
     run.__doc__ = f"{name}, variant v{number} (see bench.variants.numba_cpu_history)."

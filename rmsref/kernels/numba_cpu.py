@@ -1,8 +1,10 @@
 r"""Numba-parallel CPU kernels for RMSNorm (and LayerNorm, written the same way for comparison).
 
 ``rmsref.backend("numba_cpu")`` is this module: the oracle's function names and signatures
-(docs/kernels.md), computed by ``@njit(parallel=True)`` kernels. The math is the oracle's, eqs.
-(1)-(9) of :mod:`rmsref.rmsnorm` and (1)-(11) of :mod:`rmsref.layernorm`; read those first.
+(docs/kernels.md), computed by serial ``@njit(nogil=True)`` kernels run on several threads
+(``_Launcher``: each thread a contiguous range of the kernel's tasks). The math is the
+oracle's, eqs. (1)-(9) of :mod:`rmsref.rmsnorm` and (1)-(11) of :mod:`rmsref.layernorm`; read
+those first.
 Arguments are checked by the oracle's own contract (:func:`rmsref._shapes.prepare`: the same
 rules for eps, offset, partial, saved statistics, masked arrays, ``numpy.matrix`` and byte order,
 in the same order, so both raise the same error for the same call), plus one rule of this
@@ -11,7 +13,7 @@ backend: real dtypes only (complex inputs are a ``TypeError``; use the oracle).
 Kernels
 -------
 RMSNorm forward
-    ``_rms_fwd_v4``  prange over blocks of ``ROWS_PER_BLOCK`` rows. A row's Σx² is summed in
+    ``_rms_fwd_v4``  tasks: blocks of ``ROWS_PER_BLOCK`` rows. A row's Σx² is summed in
                      ``LANES`` = 64 float64 lanes (element j into lane j mod 64, in increasing j),
                      which LLVM vectorises with fastmath off, and the lanes are combined by a
                      fixed halving tree (``_lane_tree``). Each block is pipelined: one loop writes
@@ -79,7 +81,7 @@ Numerical contract
   give the oracle's finite results; the common row pays one comparison. A backward given a saved
   rstd uses it unscaled (as the oracle does). LayerNorm kernels are not overflow-safe for float64
   rows beyond ~1e150 (a comparison kernel, documented and tested as such).
-- Determinism and batch invariance: prange runs over blocks of ``ROWS_PER_BLOCK`` rows
+- Determinism and batch invariance: a kernel's tasks are blocks of ``ROWS_PER_BLOCK`` rows
   (forwards: a row gets the same operations wherever it falls in a block) or fixed parts of
   ``ROWS_PER_PART`` rows (backwards); every reduction inside a row is serial in a fixed order and
   ``fastmath`` is off, so no step depends on the thread count, on the other rows of the batch,
@@ -101,9 +103,10 @@ Numerical contract
   ``_ln_dx_exact``, ``_add_write_scaled_row``). The fused residual add's y is rounded through
   float32 too; its new residual (h = x + residual) is rounded once from float64.
   Complex inputs are not supported here (use the oracle).
-- Threads: kernels are ``nogil``; two Python threads may call them at once. Numba's "workqueue"
-  threading layer cannot run two parallel regions at once, so when it is the active layer the
-  launches are serialised with a lock (the default here is OpenMP/TBB, which need none).
+- Threads: ``numba.get_num_threads()`` of them (``NUMBA_NUM_THREADS``, ``numba.set_num_threads``);
+  calls below ``SERIAL_BELOW`` elements run on the calling thread alone. Kernels are ``nogil``,
+  so two Python threads may call them at once (they share the launcher's pool). No Numba
+  threading layer (OpenMP, TBB, workqueue) is used, so forking after a call is safe.
 - Speed: ``bench/cpu.py`` times the default kernels (and the history's variants) against a
   parallel copy of the same bytes; the committed tables are in ``bench/results/cpu.md`` (and
   ``cpu-summary.md``).
@@ -114,18 +117,20 @@ Numerical contract
   helpers of their own, outside the pipelined loops. ``bench/compile.py`` measures each default
   kernel's cold first call (``bench/results/compile.md``). After editing ``_halfbits.py`` clear
   ``__pycache__/*.nb[ic]`` (Numba checks only the timestamp of the file holding the cached
-  function).
+  function). The kernels are serial (not ``parallel=True``), which halves a first call's
+  compile time: Numba's parfor passes and gufunc wrapper took about half of it.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from rmsref._rounding import round_to
 from rmsref._shapes import (
@@ -187,7 +192,8 @@ SAFE_EXPONENT = 450
 #: fastmath stays off (the default). error_model="numpy": a division by zero gives inf/NaN as
 #: NumPy's does (an all-zero row with eps = 0 is NaN, as in the oracle), where Numba's default
 #: "python" model raises ZeroDivisionError inside a kernel (a SystemError for the caller).
-_PAR = {"parallel": True, "nogil": True, "cache": True, "error_model": "numpy"}
+#: Kernels: serial over a task range [t0, t1) (``_Launcher`` runs the ranges on threads).
+_PAR = {"nogil": True, "cache": True, "error_model": "numpy"}
 #: Row helpers are inlined into the kernels at the Numba IR level (see the note above them).
 _INL = {"inline": "always", "nogil": True, "error_model": "numpy"}
 #: Serial helpers that are not inlined (the rare paths, the column sum).
@@ -377,7 +383,7 @@ def _rms_write_general(x3, b, i, w, bias, has_bias, y3, rstd_s, k):
 # ============================================================================================
 
 
-#: Rows per prange task of forward v4 (a block is walked serially, pipelined row by row).
+#: Rows per task of forward v4 (a block is walked serially, pipelined row by row).
 ROWS_PER_BLOCK = 16
 
 
@@ -410,14 +416,14 @@ def _write_and_sumsq(x3, b, i, ww, y3, rstd_w, b1, i1):
 
 
 @njit(**_PAR)
-def _rms_fwd_v4(x3, w, bias, has_bias, kf, eps, y3, rstd_out):
+def _rms_fwd_v4(x3, w, bias, has_bias, kf, eps, y3, rstd_out, t0, t1):
     nr = x3.shape[1]
     m = x3.shape[0] * nr
     ww = work_row(w, x3, y3)  # w' in the working precision of the element-wise step
     # Pipelined rows pay off in float64 work; a float32 row (half outputs) is faster written
     # in a loop of its own, after its sum (bench/cpu.py).
     fuse = kf == x3.shape[2] and not has_bias and not work_is_f32(x3, y3)
-    for blk in prange((m + ROWS_PER_BLOCK - 1) // ROWS_PER_BLOCK):
+    for blk in range(t0, t1):  # this call's share of the tasks (``_launch``)
         r0 = blk * ROWS_PER_BLOCK
         r1 = min(m, r0 + ROWS_PER_BLOCK)
         fused = False  # whether the previous row's loop summed this row's squares
@@ -510,10 +516,10 @@ def _rms_bwd_row(g3, x3, b, i, w, kf, rstd_s, k, s, dx3, want_dw, want_db, dw_pa
 
 @njit(**_PAR)
 def _rms_bwd_v3(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, dw_parts,
-                db_parts):
+                db_parts, t0, t1):
     nr = x3.shape[1]
     m = x3.shape[0] * nr
-    for p in prange(dw_parts.shape[0]):
+    for p in range(t0, t1):  # this call's share of the tasks (``_launch``)
         _zero_part(dw_parts, p)
         _zero_part(db_parts, p)
         for r in range(p * ROWS_PER_PART, min(m, (p + 1) * ROWS_PER_PART)):
@@ -571,14 +577,14 @@ def _bwd_dx_exact(g3, x3, b, i, w, rstd_s, c, dx3):
 
 
 @njit(**_PAR)
-def _rms_bwd_pipelined(dy3, x3, w, rstd_in, dx3, dw_parts):
+def _rms_bwd_pipelined(dy3, x3, w, rstd_in, dx3, dw_parts, t0, t1):
     """v5's kernel: v4's pipelined loop for the common call only (saved rstd, K = N, a weight,
     no bias), with no branch for the other calls, and every row of a part through the loop
     (the part's last row sums its own Σ dxhat·x again, unused)."""
     nr = x3.shape[1]
     m = x3.shape[0] * nr
     n = x3.shape[2]
-    for p in prange(dw_parts.shape[0]):
+    for p in range(t0, t1):  # this call's share of the tasks (``_launch``)
         _zero_part(dw_parts, p)
         r0 = p * ROWS_PER_PART
         r1 = min(m, r0 + ROWS_PER_PART)
@@ -594,17 +600,17 @@ def _rms_bwd_pipelined(dy3, x3, w, rstd_in, dx3, dw_parts):
 
 
 def _rms_bwd_v5(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, dw_parts,
-                db_parts):
+                db_parts, t0, t1):
     """v5: the common call runs ``_rms_bwd_pipelined`` (when every saved rstd is in the range
     its unscaled sums allow), every other call v3 (a Python-level choice: one kernel holding both
     paths is what v4 is). For those other calls v4 never pipelines, so it runs v3's operations,
     and v3 compiles faster (bench/compile.py measures each kernel's first call)."""
     if (has_rstd and kf == x3.shape[2] and want_dw and not want_db
             and _saved_rstd_in_range(rstd_in)):
-        _rms_bwd_pipelined(dy3, x3, w, rstd_in, dx3, dw_parts)
+        _rms_bwd_pipelined(dy3, x3, w, rstd_in, dx3, dw_parts, t0, t1)
     else:
         _rms_bwd_v3(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, dw_parts,
-                    db_parts)
+                    db_parts, t0, t1)
 
 
 @njit(**_SER)
@@ -724,12 +730,12 @@ def _add_write_scaled_row(x3, r3, rounded, b, i, w, y3, rstd_s, k):
 
 
 @njit(**_PAR)
-def _add_rms_fwd(x3, r3, rounded, w, eps, y3, res3, rstd_out):
+def _add_rms_fwd(x3, r3, rounded, w, eps, y3, res3, rstd_out, t0, t1):
     """Blocks of ``ROWS_PER_BLOCK`` rows, every row through the pipelined loop (a block's last
     row sums itself again, unused), as RMSNorm's forward."""
     nr = x3.shape[1]
     m = x3.shape[0] * nr
-    for blk in prange((m + ROWS_PER_BLOCK - 1) // ROWS_PER_BLOCK):
+    for blk in range(t0, t1):  # this call's share of the tasks (``_launch``)
         r0 = blk * ROWS_PER_BLOCK
         r1 = min(m, r0 + ROWS_PER_BLOCK)
         ss = _add_sumsq(x3, r3, r0 // nr, r0 % nr, rounded, res3)  # (1) of the first row
@@ -822,10 +828,10 @@ _add_bwd_scaled_row = njit(**_SER)(_add_bwd_row_py)
 
 @njit(**_PAR)
 def _add_rms_bwd(dy3, dro3, has_dro, x3, r3, rounded, w, eps, has_rstd, rstd_in, dx3, dr3,
-                 want_dw, dw_parts):
+                 want_dw, dw_parts, t0, t1):
     nr = x3.shape[1]
     m = x3.shape[0] * nr
-    for p in prange(dw_parts.shape[0]):
+    for p in range(t0, t1):  # this call's share of the tasks (``_launch``)
         _zero_part(dw_parts, p)
         for r in range(p * ROWS_PER_PART, min(m, (p + 1) * ROWS_PER_PART)):
             b, i = r // nr, r % nr
@@ -870,13 +876,13 @@ def _add_dh_and_dot(dy3, dro3, has_dro, x3, r3, rounded, b, i, w, rstd_s, c, dx3
 
 @njit(**_PAR)
 def _add_rms_bwd_pipelined(dy3, dro3, has_dro, x3, r3, rounded, w, rstd_in, dx3, dr3,
-                           dw_parts):
+                           dw_parts, t0, t1):
     """The common call (a saved rstd in range, a weight), as ``_rms_bwd_pipelined``: every row
     of a part through one loop that writes row r's dh while summing row r + 1's Σ dxhat·h (the
     part's last row sums itself again, unused)."""
     nr = x3.shape[1]
     m = x3.shape[0] * nr
-    for p in prange(dw_parts.shape[0]):
+    for p in range(t0, t1):  # this call's share of the tasks (``_launch``)
         _zero_part(dw_parts, p)
         r0 = p * ROWS_PER_PART
         r1 = min(m, r0 + ROWS_PER_PART)
@@ -893,15 +899,15 @@ def _add_rms_bwd_pipelined(dy3, dro3, has_dro, x3, r3, rounded, w, rstd_in, dx3,
 
 
 def _add_rms_bwd_any(dy3, dro3, has_dro, x3, r3, rounded, w, eps, has_rstd, rstd_in, dx3, dr3,
-                     want_dw, dw_parts):
+                     want_dw, dw_parts, t0, t1):
     """The common call (a saved rstd in the range of unscaled sums, a weight) runs
     ``_add_rms_bwd_pipelined``, every other call ``_add_rms_bwd`` (as ``_rms_bwd_v5``)."""
     if has_rstd and want_dw and _saved_rstd_in_range(rstd_in):
         _add_rms_bwd_pipelined(dy3, dro3, has_dro, x3, r3, rounded, w, rstd_in, dx3, dr3,
-                               dw_parts)
+                               dw_parts, t0, t1)
     else:
         _add_rms_bwd(dy3, dro3, has_dro, x3, r3, rounded, w, eps, has_rstd, rstd_in, dx3, dr3,
-                     want_dw, dw_parts)
+                     want_dw, dw_parts, t0, t1)
 
 
 # ============================================================================================
@@ -984,12 +990,12 @@ def _ln_write_exact(x3, b, i, w, bias, y3, mu, rstd):
 
 
 @njit(**_PAR)
-def _ln_fwd(x3, w, bias, eps, y3, mean_out, rstd_out):
+def _ln_fwd(x3, w, bias, eps, y3, mean_out, rstd_out, t0, t1):
     """Blocks of ``ROWS_PER_BLOCK`` rows, every row through the pipelined loop (a block's last
     row sums itself again, unused), as the fused residual forward."""
     nr = x3.shape[1]
     m = x3.shape[0] * nr
-    for blk in prange((m + ROWS_PER_BLOCK - 1) // ROWS_PER_BLOCK):
+    for blk in range(t0, t1):  # this call's share of the tasks (``_launch``)
         r0 = blk * ROWS_PER_BLOCK
         r1 = min(m, r0 + ROWS_PER_BLOCK)
         s = _sum_lanes(x3, r0 // nr, r0 % nr)  # Σx of the first row
@@ -1043,11 +1049,11 @@ def _ln_dx(g, x, w_j, mu, rstd, c1, c2):
 
 @njit(**_PAR)
 def _ln_bwd(dy3, x3, w, eps, has_stats, mean_in, rstd_in, dx3, want_dw, want_db, dw_parts,
-            db_parts):
+            db_parts, t0, t1):
     nr = x3.shape[1]
     m = x3.shape[0] * nr
     n = x3.shape[2]
-    for p in prange(dw_parts.shape[0]):
+    for p in range(t0, t1):  # this call's share of the tasks (``_launch``)
         _zero_part(dw_parts, p)
         _zero_part(db_parts, p)
         for r in range(p * ROWS_PER_PART, min(m, (p + 1) * ROWS_PER_PART)):
@@ -1126,14 +1132,14 @@ def _ln_dx_exact(dy3, x3, b, i, w, mu, rstd, c1, c2, dx3):
 
 
 @njit(**_PAR)
-def _ln_bwd_pipelined(dy3, x3, w, mean_in, rstd_in, dx3, want_db, dw_parts, db_parts):
+def _ln_bwd_pipelined(dy3, x3, w, mean_in, rstd_in, dx3, want_db, dw_parts, db_parts, t0, t1):
     """The common call (saved mean and rstd, a weight), as ``_rms_bwd_pipelined``: every row of
     a part through one loop that writes row r's dx and parameter terms while summing row
     r + 1's sums (the part's last row sums itself again, unused)."""
     nr = x3.shape[1]
     m = x3.shape[0] * nr
     n = x3.shape[2]
-    for p in prange(dw_parts.shape[0]):
+    for p in range(t0, t1):  # this call's share of the tasks (``_launch``)
         _zero_part(dw_parts, p)
         _zero_part(db_parts, p)
         r0 = p * ROWS_PER_PART
@@ -1151,38 +1157,72 @@ def _ln_bwd_pipelined(dy3, x3, w, mean_in, rstd_in, dx3, want_db, dw_parts, db_p
 
 
 def _ln_bwd_any(dy3, x3, w, eps, has_stats, mean_in, rstd_in, dx3, want_dw, want_db, dw_parts,
-                db_parts):
+                db_parts, t0, t1):
     """The common call (saved statistics, a weight) runs ``_ln_bwd_pipelined``, every other
     call ``_ln_bwd`` (a Python-level choice, as ``_rms_bwd_v5``: each kernel compiles alone)."""
     if has_stats and want_dw:
-        _ln_bwd_pipelined(dy3, x3, w, mean_in, rstd_in, dx3, want_db, dw_parts, db_parts)
+        _ln_bwd_pipelined(dy3, x3, w, mean_in, rstd_in, dx3, want_db, dw_parts, db_parts, t0, t1)
     else:
         _ln_bwd(dy3, x3, w, eps, has_stats, mean_in, rstd_in, dx3, want_dw, want_db, dw_parts,
-                db_parts)
+                db_parts, t0, t1)
 
 
 # ============================================================================================
 # Python side: validation (rmsref._shapes), layouts, dtypes, launching
 # ============================================================================================
+#: Below this many elements a call runs on the calling thread alone (a thread hand-off costs
+#: tens of microseconds, more than such a call's work).
+SERIAL_BELOW = 1 << 15
+
+
 class _Launcher:
-    """Runs a parallel kernel; serialises launches only under Numba's workqueue layer."""
+    """Runs a kernel's tasks (blocks of rows, or parts of the dweight reduction) on threads.
+
+    A kernel is a serial ``nogil`` function of its arguments and a task range [t0, t1): it runs
+    tasks t0, t1 - 1 in order, each on rows fixed by the task number. The launcher splits
+    [0, ntasks) into one contiguous range per thread (``numba.get_num_threads()``, so
+    ``NUMBA_NUM_THREADS`` and ``numba.set_num_threads`` apply), runs the last range on the
+    calling thread and the others on a pool of Python threads, which run at once because the
+    kernels release the GIL. Which thread runs a task never changes what the task computes, so
+    the bits do not depend on the thread count. Serial kernels compile in about half the time
+    of ``parallel=True`` ones (no parfor passes, no gufunc wrapper: bench/compile.py), and no
+    OpenMP or TBB pool is started, so a process that called them can fork.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._checked = False
-        self._serialise = True  # until the first launch tells us the threading layer
+        self._pool: Any = None
+        self._workers = 0
+        self._pid = 0
 
-    def __call__(self, kernel: Callable[..., Any], *args: Any) -> None:
-        if self._serialise:
-            with self._lock:
-                kernel(*args)
-                if not self._checked:
-                    import numba
+    def _executor(self, workers: int) -> Any:
+        """The pool, (re)made when it has too few workers or belongs to the parent of a forked
+        process (whose pool threads do not exist in the child)."""
+        with self._lock:
+            if self._pool is None or self._workers < workers or self._pid != os.getpid():
+                from concurrent.futures import ThreadPoolExecutor
 
-                    self._serialise = numba.threading_layer() == "workqueue"
-                    self._checked = True
-        else:
-            kernel(*args)
+                if self._pool is not None and self._pid == os.getpid():
+                    self._pool.shutdown(wait=False)
+                self._pool = ThreadPoolExecutor(workers, thread_name_prefix="rmsref-numba")
+                self._workers = workers
+                self._pid = os.getpid()
+            return self._pool
+
+    def __call__(self, kernel: Callable[..., Any], ntasks: int, elements: int,
+                 *args: Any) -> None:
+        import numba
+
+        threads = min(int(numba.get_num_threads()), ntasks)
+        if threads <= 1 or elements < SERIAL_BELOW:
+            kernel(*args, 0, ntasks)
+            return
+        cuts = [ntasks * k // threads for k in range(threads + 1)]
+        pool = self._executor(threads - 1)
+        futures = [pool.submit(kernel, *args, cuts[k], cuts[k + 1]) for k in range(threads - 1)]
+        kernel(*args, cuts[-2], cuts[-1])
+        for f in futures:
+            f.result()
 
 
 _launch = _Launcher()
@@ -1299,6 +1339,7 @@ def _rms_norm_forward(
     partial: float | None = None,
     out_dtype: Any = None,
     out: np.ndarray | None = None,
+    rows_per_task: int = ROWS_PER_BLOCK,
 ) -> tuple[np.ndarray, np.ndarray]:
     a = _checked(x, normalized_shape, weight=weight, bias=bias, eps=eps, offset=offset,
                  partial=partial)
@@ -1311,7 +1352,9 @@ def _rms_norm_forward(
     x3, y3 = _rows3([_bits(x), _bits(y)], len(shape))
     rstd = np.empty(x3.shape[0] * x3.shape[1], _stat_dtype(x.dtype))
     has_bias = b is not None
-    _launch(kernel, x3, w, b if has_bias else w, has_bias, kf, eps, y3, rstd)
+    m = x3.shape[0] * x3.shape[1]
+    _launch(kernel, -(-m // rows_per_task), x.size, x3, w, b if has_bias else w, has_bias, kf,
+            eps, y3, rstd)
     _written(y3, y)
     return y, rstd.reshape(stat_shape(x, shape))
 
@@ -1344,8 +1387,8 @@ def _rms_norm_backward(
     dw_parts = np.empty((nparts, n) if want_dw else (nparts, 0))
     db_parts = np.empty((nparts, n) if want_db else (nparts, 0))
     has_rstd = saved is not None
-    _launch(kernel, dy3, x3, w, kf, eps, has_rstd, saved if has_rstd else w, dx3, want_dw,
-            want_db, dw_parts, db_parts)
+    _launch(kernel, nparts, x.size, dy3, x3, w, kf, eps, has_rstd, saved if has_rstd else w,
+            dx3, want_dw, want_db, dw_parts, db_parts)
     _written(dx3, dx)
     return RMSNormGrads(
         dx, _param_grad(dw_parts, w_arr, shape), _param_grad(db_parts, b_arr, shape)
@@ -1486,7 +1529,8 @@ def add_rms_norm_forward(
     new_res = np.empty(x.shape, res.dtype)
     x3, r3, y3, nr3 = _rows3([_bits(x), _bits(res), _bits(y), _bits(new_res)], len(shape))
     rstd = np.empty(x3.shape[0] * x3.shape[1], _stat_dtype(x.dtype))
-    _launch(_add_rms_fwd, x3, r3, rounded, w, eps, y3, nr3, rstd)
+    _launch(_add_rms_fwd, -(-rstd.size // ROWS_PER_BLOCK), x.size, x3, r3, rounded, w, eps, y3,
+            nr3, rstd)
     return y, new_res, rstd.reshape(stat_shape(x, shape))
 
 
@@ -1566,8 +1610,8 @@ def add_rms_norm_backward(
     want_dw = w_arr is not None
     dw_parts = np.empty((nparts, n) if want_dw else (nparts, 0))
     has_rstd = saved is not None
-    _launch(_add_rms_bwd_any, dy3, dro3, has_dro, x3, r3, rounded, w, eps, has_rstd,
-            saved if has_rstd else w, dx3, dr3, want_dw, dw_parts)
+    _launch(_add_rms_bwd_any, nparts, x.size, dy3, dro3, has_dro, x3, r3, rounded, w, eps,
+            has_rstd, saved if has_rstd else w, dx3, dr3, want_dw, dw_parts)
     return AddRMSNormGrads(dx, dres, _param_grad(dw_parts, w_arr, shape))
 
 
@@ -1613,7 +1657,7 @@ def layer_norm_forward(
     rstd = np.empty(m, _stat_dtype(x.dtype))
     if b is None:
         b = np.full(n, -0.0)  # the exact additive identity (see _ln_write_and_sum)
-    _launch(_ln_fwd, x3, w, b, eps, y3, mean, rstd)
+    _launch(_ln_fwd, -(-m // ROWS_PER_BLOCK), x.size, x3, w, b, eps, y3, mean, rstd)
     _written(y3, y)
     stat = stat_shape(x, shape)
     return y, mean.reshape(stat), rstd.reshape(stat)
@@ -1687,8 +1731,9 @@ def layer_norm_backward(
     dw_parts = np.empty((nparts, n) if want_dw else (nparts, 0))
     db_parts = np.empty((nparts, n) if want_db else (nparts, 0))
     has_stats = saved_rstd is not None
-    _launch(_ln_bwd_any, dy3, x3, w, eps, has_stats, saved_mean if has_stats else w,
-            saved_rstd if has_stats else w, dx3, want_dw, want_db, dw_parts, db_parts)
+    _launch(_ln_bwd_any, nparts, x.size, dy3, x3, w, eps, has_stats,
+            saved_mean if has_stats else w, saved_rstd if has_stats else w, dx3, want_dw,
+            want_db, dw_parts, db_parts)
     _written(dx3, dx)
     return LayerNormGrads(
         dx, _param_grad(dw_parts, w_arr, shape), _param_grad(db_parts, b_arr, shape)
