@@ -29,7 +29,7 @@ import numpy as np
 
 import rmsref
 from rmsref.kernels import numba_cpu as K
-from rmsref.kernels._halfbits import from_f64, to_f64, work_row, work_scalar
+from rmsref.kernels._halfbits import as_work, from_f64, to_f64, work_row
 
 
 def _kernels():
@@ -56,7 +56,7 @@ def _kernels():
         t = 0.0
         ww = work_row(w, x3, y3)
         for rep in range(reps):
-            rstd_w = work_scalar(1.0 + rep * 1e-9, x3, y3)
+            rstd_w = as_work(1.0 + rep * 1e-9, x3, y3)
             t += K._write_and_sumsq(x3, 0, 0, ww, y3, rstd_w, 0, 1)[0]
         return t
 

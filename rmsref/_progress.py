@@ -21,6 +21,7 @@ holds just the tables and lines; ``bar.note(text)`` lines (why a run pauses) go 
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import sys
 from collections.abc import Iterator, Sequence
@@ -120,11 +121,20 @@ class Output:
     def _console(self, stderr: bool = False):
         from rich.console import Console
 
+        class _Console(Console):
+            def on_broken_pipe(self) -> None:
+                # rich points stdout at /dev/null and exits with status 1; a reader that
+                # closed the pipe (``| head``) is not a failure: raise what plain printing
+                # raises, which the CLI's entry point turns into status 0
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, sys.stdout.fileno())
+                raise BrokenPipeError
+
         stream = sys.stderr if stderr else self.file
         is_tty = bool(getattr(stream, "isatty", lambda: False)())
         # Off a terminal rich assumes 80 columns and would wrap the tables; give them room.
         width = None if is_tty else max(120, shutil.get_terminal_size((120, 20)).columns)
-        return Console(file=stream, width=width, highlight=False, soft_wrap=False)
+        return _Console(file=stream, width=width, highlight=False, soft_wrap=False)
 
     def print(self, text: str = "", *, style: str | None = None) -> None:
         """One line (rich markup is not interpreted, so any text is safe)."""

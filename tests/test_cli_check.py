@@ -225,3 +225,20 @@ def test_json_stays_strict_when_a_ratio_is_infinite(capsys, monkeypatch, tmp_pat
     assert row["status"] == "FAIL" and row["ratio"] is None
     assert any(p["ratio"] is None for p in row["parts"])
     assert "inf" in text
+
+
+def test_a_reader_closing_the_pipe_is_not_a_failure():
+    """``rmsref check | head -1``: when the reader closes the pipe the command stops quietly
+    with status 0 (rich, which writes the output, would exit with 1), and says nothing on
+    stderr."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("rich", reason="the closed-pipe path under test is rich's")
+    proc = subprocess.Popen([sys.executable, "-m", "rmsref", "check", "--quick", "--only",
+                             "identities"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline().startswith(b"rmsref")
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 0, err
+    assert err == ""

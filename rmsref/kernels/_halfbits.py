@@ -35,11 +35,13 @@ Conversions:
   (``_round_in_f64``) and then encode the rounded value exactly, branch-free, so that loops
   over them vectorise; the round-to-odd route stays as ``f64_to_bf16_bits_via_odd`` and
   ``f64_to_f16_bits_via_odd``, and the tests check both against each other.
-  For bfloat16 the kernels' common rows take a shorter route still: ``f64_to_bf16_bits_normal``
-  rounds by integer arithmetic on the float64 bits, exact for ±0 and bfloat16's normal range
-  (2^-126 <= |v| < 2^128), and ``bf16_outside_normal`` flags every other value so that the
-  kernel writes that row again with ``from_f64`` (``from_f64_normal`` / ``outside_normal``
-  below dispatch on the element type).
+  A bfloat16 output computed in float64 (from float64 inputs) takes a shorter route still:
+  ``f64_to_bf16_bits_normal`` rounds by integer arithmetic on the float64 bits, exact for ±0
+  and bfloat16's normal range (2^-126 <= |v| < 2^128), and ``bf16_outside_normal`` flags
+  every other value so that the kernel writes that row again with ``from_f64``
+  (``from_f64_normal`` / ``outside_normal`` below dispatch on the element type). Half outputs
+  of half or float32 inputs take float32 for the last step instead (``to_work``,
+  ``from_work``: "The working precision" below).
   Note: ``ml_dtypes`` ``float64 -> bfloat16`` casts round twice (through float32); NumPy's
   ``float64 -> float16`` rounds once. NaN: as the float32 -> half rules, payload taken from the
   float64's top payload bits for float16.
@@ -385,7 +387,7 @@ def _outside_normal_impl(v, out):
 # --------------------------------------------------------------------------------------------
 # A half output (bfloat16/float16) from half or float32 inputs takes float32 for the last step,
 # like torch's opmath: either the arithmetic itself (RMSNorm's y: ``to_work`` gives the inputs
-# as float32, exactly, and ``work_scalar``/``work_row`` the row's rstd and weight) or a float64
+# as float32, exactly, and ``as_work``/``work_row`` the row's rstd and weight) or a float64
 # result rounded to float32 first (``as_work``: dx, whose terms can cancel); ``from_work`` then
 # rounds the float32 value to the half format (RNE), and a vector of float32 holds twice the
 # elements of a vector of float64. Every other output (float32, float64, or a half output of
@@ -408,16 +410,11 @@ def to_work(v, out):
     raise NotImplementedError("to_work is only callable from Numba-compiled code")
 
 
-def work_scalar(s, x, out):
-    """float64 ``s`` (an rstd, a coefficient) in the working precision of array ``x``'s
-    elements written into array ``out``."""
-    raise NotImplementedError("work_scalar is only callable from Numba-compiled code")
-
-
 def as_work(v, x, out):
-    """A float64 value (a dx computed in float64) rounded to the working precision of array
-    ``x``'s elements written into ``out``: float32 (RNE) on the float32 route, else itself;
-    ``from_work`` then rounds it to the half format (twice rounded: see the module note)."""
+    """A float64 value (a row's rstd, or a dx computed in float64) in the working precision of
+    array ``x``'s elements written into ``out``: float32 (RNE) on the float32 route, else
+    itself; ``from_work`` then rounds a result to the half format (twice rounded: see the note
+    above)."""
     raise NotImplementedError("as_work is only callable from Numba-compiled code")
 
 
@@ -460,13 +457,6 @@ def _to_work_impl(v, out):
     if v == types.int16:
         return lambda v, out: bf16_bits_to_f32(v)
     return lambda v, out: np.float32(v)
-
-
-@overload(work_scalar, jit_options={"nogil": True})
-def _work_scalar_impl(s, x, out):
-    if _f32_route(x.dtype, out):
-        return lambda s, x, out: np.float32(s)
-    return lambda s, x, out: np.float64(s)
 
 
 @overload(as_work, jit_options={"nogil": True})

@@ -159,7 +159,6 @@ from rmsref.kernels._halfbits import (
     work_in_range,
     work_is_f32,
     work_row,
-    work_scalar,
 )
 from rmsref.layernorm import LayerNormGrads
 from rmsref.rmsnorm import AddRMSNormGrads, RMSNormGrads
@@ -349,7 +348,7 @@ def _rms_write(x3, b, i, w, ww, bias, has_bias, y3, rstd_s, k):
     common loop has no per-element branch; that loop computes in the working precision
     (``ww``: w' in it, ``work_row``; float32 for a half output, see ``_halfbits.to_work``)."""
     if k == 0 and not has_bias and work_in_range(rstd_s, x3, y3):
-        rstd_w = work_scalar(rstd_s, x3, y3)
+        rstd_w = as_work(rstd_s, x3, y3)
         outside = False
         for j in range(x3.shape[2]):
             yj = to_work(x3[b, i, j], y3) * rstd_w * ww[j]
@@ -435,7 +434,7 @@ def _rms_fwd_v4(x3, w, bias, has_bias, kf, eps, y3, rstd_out, t0, t1):
             rstd_out[r] = math.ldexp(rstd_s, -k)
             fused = fuse and k == 0 and r + 1 < r1 and work_in_range(rstd_s, x3, y3)
             if fused:  # write row r while summing row r + 1
-                rstd_w = work_scalar(rstd_s, x3, y3)
+                rstd_w = as_work(rstd_s, x3, y3)
                 ss_next, outside = _write_and_sumsq(x3, b, i, ww, y3, rstd_w, (r + 1) // nr,
                                                     (r + 1) % nr)
                 if outside:  # a rare row: written again in float64 (w: an unread bias)
