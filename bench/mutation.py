@@ -165,9 +165,10 @@ def _fingerprint(values: list[str]) -> str:
     return hashlib.sha256(repr(tuple(values)).encode()).hexdigest()[:12]
 
 
-def refresh_selection(work: Path) -> list[str]:
+def refresh_selection(work: Path, asked: list[str] | None = None) -> list[str]:
     """Add to a kept copy's test selection the files the checkout's selection names that the
-    copy lacks (test files written since its run), keeping the copy's own narrowing (--tests);
+    copy lacks (test files written since its run), and the files ``asked`` (--tests with
+    --rerun: a wider selection for the survivors), keeping the copy's own narrowing otherwise;
     call it before refresh_tests. mutmut resets every verdict when the selection changes (its
     config fingerprint); more tests cannot revive a killed mutant, so the fingerprint it stored
     is set to the new selection instead, and mutmut collects only the new tests' stats."""
@@ -176,6 +177,7 @@ def refresh_selection(work: Path) -> list[str]:
     pyproject = work / "pyproject.toml"
     old = tomllib.loads(pyproject.read_text())["tool"]["mutmut"][key]
     added = [t for t in checkout if t not in old and not (work / t).exists()]
+    added += [t for t in asked or [] if t not in old and t not in added]
     if not added:
         return []
     stats_file = work / "mutants" / "mutmut-stats.json"
@@ -290,8 +292,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="a module to mutate (repeatable; default: pyproject's only_mutate)")
     parser.add_argument("--tests", action="append", default=None,
                         help="a test file mutmut picks from (repeatable; default: --quick's "
-                             "selection with --quick, pyproject's otherwise); a narrower "
-                             "selection is faster but may let mutants survive that others kill")
+                             "selection with --quick, pyproject's otherwise; with --rerun: "
+                             "added to the kept copy's); a narrower selection is faster but "
+                             "may let mutants survive that others kill")
     parser.add_argument("--keep", action="store_true", help="keep the scratch copy")
     parser.add_argument("--workdir", type=Path, action="append", default=None,
                         help="reuse a scratch copy kept by --keep (its mutants and test stats); "
@@ -320,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.quick:
             chosen = sorted(random.Random(args.seed).sample(names, min(args.sample, len(names))))
         if args.rerun:
-            added = refresh_selection(work)
+            added = refresh_selection(work, args.tests)
             if added:
                 print(f"test selection widened by {', '.join(added)}", flush=True)
             refresh_tests(work)

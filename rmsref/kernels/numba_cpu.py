@@ -103,10 +103,11 @@ Numerical contract
   ``_ln_dx_exact``, ``_add_write_scaled_row``). The fused residual add's y is rounded through
   float32 too; its new residual (h = x + residual) is rounded once from float64.
   Complex inputs are not supported here (use the oracle).
-- Threads: ``numba.get_num_threads()`` of them (``NUMBA_NUM_THREADS``, ``numba.set_num_threads``);
+- Threads: ``thread_count()`` of them (``NUMBA_NUM_THREADS``, or ``numba.set_num_threads``);
   calls below ``SERIAL_BELOW`` elements run on the calling thread alone. Kernels are ``nogil``,
   so two Python threads may call them at once (they share the launcher's pool). No Numba
-  threading layer (OpenMP, TBB, workqueue) is used, so forking after a call is safe.
+  threading layer (OpenMP, TBB, workqueue) is used or started, so forking after a call is
+  safe, also for a child that then runs OpenMP code.
 - Speed: ``bench/cpu.py`` times the default kernels (and the history's variants) against a
   parallel copy of the same bytes; the committed tables are in ``bench/results/cpu.md`` (and
   ``cpu-summary.md``).
@@ -1174,18 +1175,35 @@ def _ln_bwd_any(dy3, x3, w, eps, has_stats, mean_in, rstd_in, dx3, want_dw, want
 SERIAL_BELOW = 1 << 15
 
 
+def thread_count() -> int:
+    """The threads a kernel call uses: ``numba.get_num_threads()`` once Numba's threading layer
+    has started (``numba.set_num_threads`` starts it), ``NUMBA_NUM_THREADS`` before.
+
+    ``numba.get_num_threads()`` itself starts the layer, OpenMP here, and a process that has
+    started GNU OpenMP cannot use it again in a forked child: the child's first parallel region
+    aborts it ("fork() called from a process already using GNU OpenMP"). The kernels never use
+    the layer, so they read the count without starting it, and a process that called them can
+    fork a child that runs ``parallel=True`` code (Numba's, or torch's on the same OpenMP).
+    """
+    import numba
+    from numba.np.ufunc import parallel
+
+    if getattr(parallel, "_is_initialized", True):
+        return int(numba.get_num_threads())
+    return int(numba.config.NUMBA_NUM_THREADS)
+
+
 class _Launcher:
     """Runs a kernel's tasks (blocks of rows, or parts of the dweight reduction) on threads.
 
     A kernel is a serial ``nogil`` function of its arguments and a task range [t0, t1): it runs
-    tasks t0, t1 - 1 in order, each on rows fixed by the task number. The launcher splits
-    [0, ntasks) into one contiguous range per thread (``numba.get_num_threads()``, so
-    ``NUMBA_NUM_THREADS`` and ``numba.set_num_threads`` apply), runs the last range on the
-    calling thread and the others on a pool of Python threads, which run at once because the
-    kernels release the GIL. Which thread runs a task never changes what the task computes, so
-    the bits do not depend on the thread count. Serial kernels compile in about half the time
-    of ``parallel=True`` ones (no parfor passes, no gufunc wrapper: bench/compile.py), and no
-    OpenMP or TBB pool is started, so a process that called them can fork.
+    tasks t0, ..., t1 - 1 in order, each on rows fixed by the task number. The launcher splits
+    [0, ntasks) into one contiguous range per thread (:func:`thread_count`), runs the last range
+    on the calling thread and the others on a pool of Python threads, which run at once because
+    the kernels release the GIL. Which thread runs a task never changes what the task computes,
+    so the bits do not depend on the thread count. Serial kernels compile in about half the
+    time of ``parallel=True`` ones (no parfor passes, no gufunc wrapper: bench/compile.py), and
+    no OpenMP or TBB pool is started, so a process that called them can fork.
     """
 
     def __init__(self) -> None:
@@ -1210,9 +1228,7 @@ class _Launcher:
 
     def __call__(self, kernel: Callable[..., Any], ntasks: int, elements: int,
                  *args: Any) -> None:
-        import numba
-
-        threads = min(int(numba.get_num_threads()), ntasks)
+        threads = min(thread_count(), ntasks)
         if threads <= 1 or elements < SERIAL_BELOW:
             kernel(*args, 0, ntasks)
             return
