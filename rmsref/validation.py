@@ -482,15 +482,18 @@ class _Diagnoser:
 
 
 def _call(fn: Callable, *args) -> tuple[Any, str]:
-    """``fn(*args)`` with its arrays as NumPy (torch/CuPy outputs included), or its error text."""
+    """``fn(*args)`` with its arrays as NumPy (torch/CuPy outputs included), and "" or what went
+    wrong, as a verb phrase: "raised TypeError: ..." or "returned a dict, not an array"."""
     try:
         out = fn(*args)
-        if isinstance(out, (tuple, list)):
-            return tuple(None if o is None else _as_numpy(o) for o in out), ""
-        return (None if out is None else _as_numpy(out)), ""
+        items = out if isinstance(out, (tuple, list)) else (out,)
+        arrays = tuple(None if o is None else _as_numpy(o) for o in items)
     except Exception as exc:  # the implementation's own error is a result, not our crash
-        tb = traceback.format_exception_only(type(exc), exc)[-1].strip()
-        return None, tb
+        return None, "raised " + traceback.format_exception_only(type(exc), exc)[-1].strip()
+    for o, a in zip(items, arrays, strict=True):
+        if a is not None and a.dtype.kind in "OSUV" and a.dtype not in FLOAT_DTYPES.values():
+            return None, f"returned {_returned(o)}, not an array of numbers"
+    return (arrays if isinstance(out, (tuple, list)) else arrays[0]), ""
 
 
 def validate(
@@ -701,7 +704,7 @@ class _Run:
         cases.append(res)
         y, err = _call(forward, c.x, shape_arg, c.weight, c.eps)
         if err or y is None:
-            res.message = (f"forward {_label(forward)} raised {err}" if err else
+            res.message = (f"forward {_label(forward)} {err}" if err else
                            f"forward {_label(forward)} returned None; expected y shaped like x "
                            f"{c.x.shape}")
             res.ratio = math.inf
@@ -729,7 +732,7 @@ class _Run:
         rdx = CaseResult(c.probe, dname, "dx", tuple(c.x.shape), False, advisory=advisory)
         cases.append(rdx)
         if err or not isinstance(out, (tuple, list)) or len(out) != 2:
-            rdx.message = (f"backward {_label(backward)} raised {err}" if err else
+            rdx.message = (f"backward {_label(backward)} {err}" if err else
                            f"backward {_label(backward)} returned {_returned(out)}; expected the "
                            "pair (dx, dweight) (dweight None when there is no weight)")
             rdx.ratio = math.inf
@@ -780,7 +783,7 @@ class _Run:
         cases.append(res)
         y, err = _call(forward, x, n, w, eps)
         if err or y is None:
-            res.message = f"forward {_label(forward)} raised {err}" if err else (
+            res.message = f"forward {_label(forward)} {err}" if err else (
                 f"forward {_label(forward)} returned None")
             res.ratio = math.inf
             return
@@ -813,7 +816,7 @@ class _Run:
         y1, e1 = _call(forward, x, n, w, None)
         y2, e2 = _call(forward, x, n, w, None)
         if e1 or e2:
-            res.passed, res.message = False, f"forward {_label(forward)} raised {e1 or e2}"
+            res.passed, res.message = False, f"forward {_label(forward)} {e1 or e2}"
             return
         bad = []
         if not _same_bits(y1, y2):
@@ -860,7 +863,7 @@ class _Run:
         out, err = _call(backward, g, x, n, w, eps)
         if err or out is None:
             res.passed, res.ratio = False, math.inf
-            res.message = (f"backward raised {err}" if err else "backward returned None") + \
+            res.message = (f"backward {err}" if err else "backward returned None") + \
                 " in float64"
             return
         h = 1e-6

@@ -158,6 +158,27 @@ def test_implementation_errors_are_reported_not_raised():
     assert "kernel launch failed" in rep.failures[0].message
 
 
+def test_an_output_that_is_not_an_array_is_reported_by_type():
+    """A forward returning a dict, or a backward whose dx is one, fails each case with what it
+    returned (it used to crash the repeat check with NumPy's "array of references" error)."""
+    def as_dict(x, shape, w=None, eps=None):
+        return {"y": rmsref.rms_norm(x, shape, w, eps)}
+
+    def dx_as_dict(dy, x, shape, w=None, eps=None):
+        g = rmsref.rms_norm_backward(dy, x, shape, w, eps)
+        return {"dx": g.dx}, g.dweight
+
+    rep = validate(as_dict, probes=["gaussian"], dtypes=["float32"])
+    assert not rep and rep.failures
+    for case in rep.failures:
+        assert case.message == "forward as_dict returned a dict, not an array of numbers", case
+    fwd, _ = make_impl()
+    rep = validate(fwd, dx_as_dict, probes=["gaussian"], dtypes=["float32"], repeat=False)
+    dx_cases = [c for c in rep.cases if c.quantity == "dx"]
+    assert dx_cases and all(not c.passed for c in dx_cases)
+    assert dx_cases[0].message == "backward dx_as_dict returned a dict, not an array of numbers"
+
+
 def test_wrong_output_dtype_fails():
     def upcasting(x, shape, w=None, eps=None):
         return rmsref.rms_norm(x.astype(np.float32), shape, w, eps)
