@@ -81,8 +81,10 @@ def test_the_launcher_splits_the_tasks_into_one_contiguous_range_per_thread(
         monkeypatch, threads, ntasks):
     monkeypatch.setattr(K, "thread_count", lambda: threads)
     rec = _Recorder()
-    K._Launcher()(rec, ntasks, K.SERIAL_BELOW, "args")
+    launcher = K._Launcher()
+    launcher(rec, ntasks, K.SERIAL_BELOW, "args")
     used = min(threads, ntasks)
+    assert launcher._pool._max_workers == used - 1, "one pool thread per range but the last"
     ranges = sorted((t0, t1) for _, t0, t1, _ in rec.calls)
     want = [(ntasks * k // used, ntasks * (k + 1) // used) for k in range(used)]
     assert ranges == want, f"{threads} threads, {ntasks} tasks: ranges {ranges}"
@@ -131,6 +133,23 @@ def test_the_pool_is_kept_grown_and_remade_in_a_forked_child():
     assert launcher._executor(1) is child
     for pool in (two, child):
         pool.shutdown()
+
+
+def test_thread_count_reads_numba_only_once_its_layer_has_started(monkeypatch):
+    """Before the layer starts: NUMBA_NUM_THREADS (the config); after: numba.get_num_threads()
+    (which honours numba.set_num_threads); and get_num_threads() if a Numba version lacks the
+    flag (the safe side: the count set by the user)."""
+    import numba
+    from numba.np.ufunc import parallel
+
+    monkeypatch.setattr(numba, "get_num_threads", lambda: 5)
+    monkeypatch.setattr(numba.config, "NUMBA_NUM_THREADS", 3)
+    monkeypatch.setattr(parallel, "_is_initialized", False)
+    assert K.thread_count() == 3
+    monkeypatch.setattr(parallel, "_is_initialized", True)
+    assert K.thread_count() == 5
+    monkeypatch.delattr(parallel, "_is_initialized")
+    assert K.thread_count() == 5
 
 
 def test_thread_count_follows_set_num_threads_and_does_not_start_the_layer():
@@ -204,17 +223,23 @@ def test_every_kernel_gives_one_threads_bits_on_several_threads(monkeypatch, rng
     many = _rms_calls(x, w, dy, n) + _ln_calls(x, w, b, dy, n) + _add_calls(x, r, w, dy, n)
     for k, (a, c) in enumerate(zip(one, many, strict=True)):
         assert _same_bits(a, c), f"output {k} differs on {threads} threads"
+    _close(many[2], rmsref.rms_norm_backward(dy, x, n, w).dx, "RMSNorm dx")
+    _close(many[9], rmsref.layer_norm_backward(dy, x, n, w, b).dx, "LayerNorm dx")
+    _close(many[18], rmsref.add_rms_norm_backward(dy, dy, x, r, n, w).dx, "fused add's dx")
+    _close(many[0], rmsref.rms_norm(x, n, w), "RMSNorm y")
 
 
 def _blocks_over_rows(rng, dtype):
-    """(8, 3, 64) rows cut from a (8, 5, 64) array: strided leading dims that split into 8
-    blocks of 3 rows (more blocks than rows per block), and the same data contiguous."""
-    base = rng.standard_normal((8, 5, 64)).astype(dtype)
+    """(40, 3, 64) rows cut from a (40, 5, 64) array: strided leading dims that split into 40
+    blocks of 3 rows (more blocks than rows per block; 120 rows, two dweight parts), and the
+    same data contiguous."""
+    base = rng.standard_normal((40, 5, 64)).astype(dtype)
     return base[:, :3, :], np.ascontiguousarray(base[:, :3, :])
 
 
 def test_more_blocks_than_rows_per_block_computes_every_row(monkeypatch, rng):
-    """The strided layout (8 blocks of 3 rows) gives the contiguous array's bits, threaded."""
+    """The strided layout (40 blocks of 3 rows) gives the contiguous array's bits, threaded,
+    and the oracle's values."""
     monkeypatch.setattr(K, "thread_count", lambda: 2)
     x, xc = _blocks_over_rows(rng, np.float32)
     dy, dyc = _blocks_over_rows(rng, np.float32)
@@ -226,6 +251,11 @@ def test_more_blocks_than_rows_per_block_computes_every_row(monkeypatch, rng):
     for k, (a, c) in enumerate(zip(views, flat, strict=True)):
         assert _same_bits(np.ascontiguousarray(a), c), f"output {k}: strided blocks differ"
     _close(views[0], rmsref.rms_norm(xc, 64, w), "y on strided blocks")
+    _close(np.ascontiguousarray(views[2]), rmsref.rms_norm_backward(dyc, xc, 64, w).dx, "dx")
+    _close(np.ascontiguousarray(views[9]), rmsref.layer_norm_backward(dyc, xc, 64, w, b).dx,
+           "LayerNorm dx on strided blocks")
+    _close(np.ascontiguousarray(views[18]),
+           rmsref.add_rms_norm_backward(dyc, dyc, xc, rc, 64, w).dx, "fused dx on strided blocks")
 
 
 def test_three_leading_groups_and_permuted_features_are_copied_first(rng):
@@ -243,18 +273,19 @@ def test_three_leading_groups_and_permuted_features_are_copied_first(rng):
 
 
 def test_an_out_whose_layout_is_copied_receives_the_result(rng):
-    """``out=`` in Fortran order (the kernel writes a C-order copy, then copies it in): the
-    array returned is ``out``, holding the oracle's values."""
-    x = rng.standard_normal((40, 24)).astype(np.float32)
+    """``out=`` of three leading groups (the kernel writes a C-order copy, then copies it in):
+    the array returned is ``out``, holding the oracle's values."""
+    x = rng.standard_normal((4, 3, 4, 24)).astype(np.float32)
     w = rng.uniform(0.5, 1.5, 24).astype(np.float32)
-    out = np.asfortranarray(np.zeros((40, 24), np.float32))
-    y = K.rms_norm(x, 24, w, out=out)
-    assert y is out
-    _close(out, rmsref.rms_norm(x, 24, w), "y in a Fortran-order out")
-    dx_out = np.asfortranarray(np.zeros((40, 24), np.float32))
-    g = K.rms_norm_backward(x, x, 24, w, out=dx_out)
-    assert g.dx is dx_out
-    _close(dx_out, rmsref.rms_norm_backward(x, x, 24, w).dx, "dx in a Fortran-order out")
+    for name, call, want in (
+        ("y", lambda o: K.rms_norm(x, 24, w, out=o), rmsref.rms_norm(x, 24, w)),
+        ("dx", lambda o: K.rms_norm_backward(x, x, 24, w, out=o).dx,
+         rmsref.rms_norm_backward(x, x, 24, w).dx),
+        ("LayerNorm y", lambda o: K.layer_norm(x, 24, w, out=o), rmsref.layer_norm(x, 24, w)),
+    ):
+        out = np.zeros((4, 5, 6, 24), np.float32)[:, :3, :4, :]
+        assert call(out) is out, name
+        _close(out, want, f"{name} in an out of three leading groups")
 
 
 def test_a_two_dim_normalised_shape_gives_dweight_and_dbias_its_shape(rng):
@@ -327,10 +358,19 @@ def test_eps_and_saved_statistics_reach_the_layer_norm_kernels(small):
     _close(K.layer_norm(x, 16, w, b, 0.05), want[0], "layer_norm")
     assert not np.allclose(y, rmsref.layer_norm(x, 16, w, b), rtol=1e-3), "not sensitive"
     for stats in ({}, {"mean": mean + 0.01, "rstd": 2 * rstd}):
-        g = K.layer_norm_backward(dy, x, 16, w, b, 0.05, **stats)
-        exp = rmsref.layer_norm_backward(dy, x, 16, w, b, 0.05, **stats)
-        for q in ("dx", "dweight", "dbias"):
-            _close(getattr(g, q), getattr(exp, q), f"{q} with {sorted(stats)}")
+        for weight in (w, None):  # with a weight: the pipelined path; without: the general one
+            g = K.layer_norm_backward(dy, x, 16, weight, b, 0.05, **stats)
+            exp = rmsref.layer_norm_backward(dy, x, 16, weight, b, 0.05, **stats)
+            for q in ("dx", "dweight", "dbias"):
+                got, want_q = getattr(g, q), getattr(exp, q)
+                if want_q is None:
+                    assert got is None, q
+                    continue
+                _close(got, want_q, f"{q} with {sorted(stats)}, weight: {weight is not None}")
+    for call in (K.layer_norm_forward, lambda *a, **k: (K.layer_norm_backward(dy, *a, **k),)):
+        default, unset = call(x, 16, w, b), call(x, 16, w, b, None)
+        assert all(_same_bits(np.asarray(getattr(p, "dx", p)), np.asarray(getattr(q, "dx", q)))
+                   for p, q in zip(default, unset, strict=True)), "eps=None is LayerNorm's 1e-5"
 
 
 def test_layer_norm_without_weight_or_bias_keeps_the_oracles_signed_zeros():
@@ -370,6 +410,11 @@ def test_eps_offset_and_rounding_reach_the_fused_add_kernels(small):
             for q in ("dx", "dresidual", "dweight"):
                 what = f"{q}, {rounding}, saved rstd: {saved is not None}"
                 _close(getattr(g, q), getattr(exp, q), what)
+    for saved in (None, K.add_rms_norm_forward(x32, r32, 16)[2]):  # no weight: ones
+        _close(K.add_rms_norm(x32, r32, 16)[0], rmsref.add_rms_norm(x32, r32, 16)[0], "y")
+        g = K.add_rms_norm_backward(dy32, None, x32, r32, 16, rstd=saved)
+        _close(g.dx, rmsref.add_rms_norm_backward(dy32, None, x32, r32, 16, rstd=saved).dx, "dx")
+        assert g.dweight is None
     default = K.add_rms_norm(x32, r32, 16, w32)
     explicit = K.add_rms_norm(x32, r32, 16, w32, rounding="fp32-sum", offset=0.0)
     assert all(_same_bits(a, c) for a, c in zip(default, explicit, strict=True))
@@ -395,8 +440,10 @@ def test_the_statistics_have_the_oracles_shape_and_dtype(rng):
     oracle = rmsref.rms_norm_forward(x, 8, w)[1]
     for got in (rstd, h_rstd, mean, ln_rstd):
         assert got.shape == oracle.shape == (2, 3, 1) and got.dtype == oracle.dtype
-    half = K.rms_norm_forward(x.astype(rmsref.bfloat16), 8)[1]
-    assert half.dtype == np.float32, "half inputs save float32 statistics, as torch"
+    xh = x.astype(rmsref.bfloat16)
+    for half in (K.rms_norm_forward(xh, 8)[1], K.add_rms_norm_forward(xh, xh, 8)[2],
+                 *K.layer_norm_forward(xh, 8)[1:]):
+        assert half.dtype == np.float32, "half inputs save float32 statistics, as torch"
 
 
 def test_out_dtype_reaches_the_forward_kernels(rng):
