@@ -190,3 +190,36 @@ def test_every_bit_pattern_keeps_the_contract(rng, dtype):
                     assert (same | both_nan).all(), f"{what}: a non-finite row differs"
                 else:
                     _contract(what, got, want, dtype)
+
+
+@pytest.mark.parametrize("dtype", [
+    pytest.param(BF16, id="bfloat16"),
+    pytest.param(np.dtype(np.float16), id="float16", marks=pytest.mark.slow),
+])
+@pytest.mark.parametrize("rounding", ["fp32-sum", "rounded-sum"])
+def test_the_new_residual_through_float32_is_rounded_once(rng, dtype, rounding):
+    """The fused add stores new_residual = R(x + r) through float32 when x, r and the new
+    residual share a half format (``_halfbits.sum_to``): every finite pattern as x, with r a
+    half value a few ulps of x below it, ±x·2^-e(1 + m/8) for e = p - 1 ... p + 2 (p the
+    format's bits), where x + r falls on or next to a half-way point of the format, and rows
+    holding inf or NaN: the oracle's bits (its float64 sum rounded once), NaN included."""
+    p = 8 if dtype == BF16 else 11
+    v = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(dtype)
+    x = v[np.isfinite(v.astype(np.float32))]
+    x = np.repeat(x[: x.size - x.size % 64].reshape(-1, 64), 2, axis=0)  # (rows, 64)
+    e = rng.integers(p - 1, p + 3, x.shape)
+    frac = 1.0 + rng.integers(0, 8, x.shape) / 8.0
+    sign = rng.choice([-1.0, 1.0], x.shape)
+    with np.errstate(all="ignore"):
+        r = (sign * np.ldexp(frac, -e) * x.astype(np.float64)).astype(dtype)
+    specials = v[~np.isfinite(v.astype(np.float32))]
+    rows = np.resize(specials, (-(-specials.size // 64), 64)).astype(dtype)
+    with np.errstate(all="ignore"):
+        for xs, rs in ((x, r), (rows, rng.standard_normal(rows.shape).astype(dtype)),
+                       (rng.standard_normal(rows.shape).astype(dtype), rows)):
+            got = K.add_rms_norm_forward(xs, rs, 64, rounding=rounding)[1]
+            want = rmsref.add_rms_norm_forward(xs, rs, 64, rounding=rounding)[1]
+            diff = np.flatnonzero(got.view(np.uint16) != want.view(np.uint16))
+            assert diff.size == 0, (
+                f"{diff.size} new residuals differ; first x={xs.flat[diff[0]]!r}, "
+                f"r={rs.flat[diff[0]]!r}: got {got.flat[diff[0]]!r}, oracle {want.flat[diff[0]]!r}")

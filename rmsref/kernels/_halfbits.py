@@ -446,6 +446,29 @@ def outside_work(v, out):
     raise NotImplementedError("outside_work is only callable from Numba-compiled code")
 
 
+def sum_to(h, a, b, out):
+    """The exact float64 sum h = a_j + b_k of an element of array ``a`` and one of array
+    ``b``, rounded to the element type of array ``out``: through float32 when ``a``, ``b`` and
+    ``out`` hold the same half format, else once from float64 (``from_f64``).
+
+    The float32 route rounds twice (RNE to float32, then ``from_work``'s RNE to the half type),
+    and that gives the once-rounded bits for a sum of two half values: double rounding of
+    a + b for p-bit a and b through a format of p' >= 2p + 2 bits is innocuous (Figueroa,
+    1995), and float32's 24 bits are at least 2·8 + 2 (bfloat16) and 2·11 + 2 (float16).
+    Subnormal sums are exact in float32. It is not so for a float32 operand (the rounding of
+    1 + (2^-8 + 2^-30) in the module note), hence the same-format condition. A non-finite h may
+    not keep the oracle's NaN bits: the kernel writes such a row again with ``from_f64``.
+    """
+    raise NotImplementedError("sum_to is only callable from Numba-compiled code")
+
+
+@overload(sum_to, jit_options={"nogil": True})
+def _sum_to_impl(h, a, b, out):
+    if out.dtype in (types.int16, types.uint16) and a.dtype == out.dtype == b.dtype:
+        return lambda h, a, b, out: from_work(np.float32(h), out)
+    return lambda h, a, b, out: from_f64(h, out)
+
+
 @overload(to_work, jit_options={"nogil": True})
 def _to_work_impl(v, out):
     if not _f32_route(v, out):

@@ -101,7 +101,9 @@ Numerical contract
   precision per output type, so one kernel source serves every dtype, and flag the rows to
   write again (``_rms_write_general``, ``_bwd_dx_exact``, ``_ln_write_exact``,
   ``_ln_dx_exact``, ``_add_write_scaled_row``). The fused residual add's y is rounded through
-  float32 too; its new residual (h = x + residual) is rounded once from float64.
+  float32 too, and so is its new residual (h = x + residual) when x, the residual and the new
+  residual share a half format (``sum_to``: the same bits as one rounding, a theorem), else
+  it is rounded once from float64.
   Complex inputs are not supported here (use the oracle).
 - Threads: ``thread_count()`` of them (``NUMBA_NUM_THREADS``, or ``numba.set_num_threads``);
   calls below ``SERIAL_BELOW`` elements run on the calling thread alone. Kernels are ``nogil``,
@@ -155,6 +157,7 @@ from rmsref.kernels._halfbits import (
     from_f64,
     from_work,
     outside_work,
+    sum_to,
     to_f64,
     to_work,
     work_in_range,
@@ -643,10 +646,20 @@ def _h(x3, r3, b, i, j, rounded):
 
 @njit(**_INL)
 def _h_stored(x3, r3, b, i, j, rounded, res3):
-    """h_j of row (b, i), storing new_residual_j = R_res(h_j) on the way."""
+    """h_j of row (b, i), storing new_residual_j = R_res(h_j) on the way (``sum_to``: through
+    float32 when x, residual and the new residual share a half format; a row whose Σh² is not
+    finite holds an inf or NaN and is stored again by ``_add_residual_exact``)."""
     h = _h(x3, r3, b, i, j, rounded)
-    res3[b, i, j] = from_f64(h, res3)
+    res3[b, i, j] = sum_to(h, x3, r3, res3)
     return h
+
+
+@njit(**_SER)
+def _add_residual_exact(x3, r3, b, i, rounded, res3):
+    """new_residual of row (b, i) rounded once from float64: the oracle's bits, NaN included
+    (rare: a row holding an inf or NaN, not inlined)."""
+    for j in range(x3.shape[2]):
+        res3[b, i, j] = from_f64(_h(x3, r3, b, i, j, rounded), res3)
 
 
 @njit(**_INL)
@@ -697,7 +710,7 @@ def _add_rstd_scaled(ss, x3, r3, b, i, rounded, eps):
 def _add_write_and_sumsq(x3, r3, rounded, b, i, w, y3, rstd_s, res3, b1, i1):
     """Row (b, i)'s y (unscaled) while summing Σh² of row (b1, i1) and storing its
     new_residual, in the lanes of ``_add_sumsq`` (same order, so the same bits). A half y is
-    rounded to through float32 (``as_work``), as RMSNorm's dx; the new residual is rounded once.
+    rounded to through float32 (``as_work``), as RMSNorm's dx; the new residual by ``sum_to``.
     Returns (Σh² of row (b1, i1), whether y needs ``_add_write_scaled_row``)."""
     n = x3.shape[2]
     acc = np.zeros(LANES)
@@ -739,6 +752,8 @@ def _add_rms_fwd(x3, r3, rounded, w, eps, y3, res3, rstd_out, t0, t1):
         r0 = blk * ROWS_PER_BLOCK
         r1 = min(m, r0 + ROWS_PER_BLOCK)
         ss = _add_sumsq(x3, r3, r0 // nr, r0 % nr, rounded, res3)  # (1) of the first row
+        if not math.isfinite(ss):
+            _add_residual_exact(x3, r3, r0 // nr, r0 % nr, rounded, res3)
         for r in range(r0, r1):
             b, i = r // nr, r % nr
             rstd_s, k = _add_rstd(ss, x3, r3, b, i, rounded, eps)  # (2) on h
@@ -746,6 +761,8 @@ def _add_rms_fwd(x3, r3, rounded, w, eps, y3, res3, rstd_out, t0, t1):
             rn = min(r + 1, r1 - 1)  # the row summed while row r is written
             ss, outside = _add_write_and_sumsq(x3, r3, rounded, b, i, w, y3, rstd_s, res3,
                                                rn // nr, rn % nr)  # (3)-(4) of r, (1) of rn
+            if not math.isfinite(ss):
+                _add_residual_exact(x3, r3, rn // nr, rn % nr, rounded, res3)
             if k != 0 or outside:  # a scaled float64 row, or a flagged half row: y again
                 _add_write_scaled_row(x3, r3, rounded, b, i, w, y3, rstd_s, k)
 
