@@ -26,11 +26,13 @@ RMSNorm backward
                      r + 1's Σ dxhat·x; every other call runs ``_rms_bwd_v3`` (the same lanes, a
                      row at a time).
 Fused residual add + RMSNorm and LayerNorm, written the same way
-    ``_add_rms_fwd``  h = x + residual; Σh² in the 64 lanes, storing new_residual on the way;
+    ``_add_fwd_rows`` h = x + residual; Σh² in the 64 lanes, storing new_residual on the way;
                       blocks pipelined as RMSNorm's (y of row r while Σh² of row r + 1).
-    ``_add_rms_bwd``  parts as RMSNorm's; Σ dxhat·h in the 64 lanes, then dx and dresidual.
+    ``_add_bwd_rows`` parts as RMSNorm's; Σ dxhat·h in the 64 lanes, then dx and dresidual.
                       The common call (a saved rstd, a weight) runs
-                      ``_add_rms_bwd_pipelined`` (dh of row r while Σ dxhat·h of row r + 1).
+                      ``_add_bwd_pipelined_rows`` (dh of row r while Σ dxhat·h of row r + 1).
+                      Each is compiled once per rounding (``_ADD_FWD``, ``_ADD_BWD``), so that
+                      the rounding is a constant of the element loops.
     ``_ln_fwd``       Σx in the 64 lanes -> mu; (Σd, Σd²), d = x − mu, in one pass (the
                       corrected two-pass variance, which is also the oracle's "refine mu once");
                       blocks pipelined (y of row r while Σx of row r + 1).
@@ -742,10 +744,12 @@ def _add_write_scaled_row(x3, r3, rounded, b, i, w, y3, rstd_s, k):
         y3[b, i, j] = from_f64(math.ldexp(_h(x3, r3, b, i, j, rounded), -k) * rstd_s * w[j], y3)
 
 
-@njit(**_PAR)
-def _add_rms_fwd(x3, r3, rounded, w, eps, y3, res3, rstd_out, t0, t1):
+@njit(**_INL)
+def _add_fwd_rows(x3, r3, rounded, w, eps, y3, res3, rstd_out, t0, t1):
     """Blocks of ``ROWS_PER_BLOCK`` rows, every row through the pipelined loop (a block's last
-    row sums itself again, unused), as RMSNorm's forward."""
+    row sums itself again, unused), as RMSNorm's forward. Inlined into one kernel per value of
+    ``rounded`` (``_ADD_FWD``), where it is a constant: a branch on a run-time ``rounded``
+    inside the element loops kept them from vectorising, 40 ns per element instead of ~1."""
     nr = x3.shape[1]
     m = x3.shape[0] * nr
     for blk in range(t0, t1):  # this call's share of the tasks (``_launch``)
@@ -765,6 +769,22 @@ def _add_rms_fwd(x3, r3, rounded, w, eps, y3, res3, rstd_out, t0, t1):
                 _add_residual_exact(x3, r3, rn // nr, rn % nr, rounded, res3)
             if k != 0 or outside:  # a scaled float64 row, or a flagged half row: y again
                 _add_write_scaled_row(x3, r3, rounded, b, i, w, y3, rstd_s, k)
+
+
+@njit(**_PAR)
+def _add_rms_fwd_sum(x3, r3, w, eps, y3, res3, rstd_out, t0, t1):
+    """The forward with h = x + r in float64 (``rounding="fp32-sum"``)."""
+    _add_fwd_rows(x3, r3, False, w, eps, y3, res3, rstd_out, t0, t1)
+
+
+@njit(**_PAR)
+def _add_rms_fwd_rounded(x3, r3, w, eps, y3, res3, rstd_out, t0, t1):
+    """The forward with h = R_x(x + r) (``rounding="rounded-sum"``)."""
+    _add_fwd_rows(x3, r3, True, w, eps, y3, res3, rstd_out, t0, t1)
+
+
+#: The forward kernel for each value of ``rounded`` (each compiled on its first call).
+_ADD_FWD = {False: _add_rms_fwd_sum, True: _add_rms_fwd_rounded}
 
 
 @njit(**_INL)
@@ -813,9 +833,10 @@ def _add_coef_from_hhat(dy3, x3, r3, b, i, rounded, w, rstd_s, k):
 
 @njit(**_INL)
 def _add_dh(dy3, dro3, has_dro, x3, r3, rounded, b, i, j, w, rstd_s, rstd, k, c, dx3, dr3,
-            want_dw, dw_parts, p):
+            dw_parts, p):
     """dh_j = dx_RMSNorm(h)_j (+ dresidual_out_j) of row (b, i), rounded into dx and
-    dresidual, and its dweight term. Eqs. (3), (5)-(8) on h; rstd = rstd_s·2^-k."""
+    dresidual, and its dweight term (summed with or without a weight: no branch in the loop;
+    the host drops it). Eqs. (3), (5)-(8) on h; rstd = rstd_s·2^-k."""
     g = to_f64(dy3[b, i, j])
     hhat = _scaled(_h(x3, r3, b, i, j, rounded), k) * rstd_s  # (3)
     dh = rstd * (g * w[j] - hhat * c)  # (7) direct term − projection
@@ -823,19 +844,18 @@ def _add_dh(dy3, dro3, has_dro, x3, r3, rounded, b, i, j, w, rstd_s, rstd, k, c,
         dh += to_f64(dro3[b, i, j])  # h also feeds new_residual
     dx3[b, i, j] = from_f64(dh, dx3)
     dr3[b, i, j] = from_f64(dh, dr3)
-    if want_dw:
-        dw_parts[p, j] += g * hhat  # (8)
+    dw_parts[p, j] += g * hhat  # (8)
 
 
 # pragma: no mutate start (jitted by a call below)
 def _add_bwd_row_py(
-    dy3, dro3, has_dro, x3, r3, rounded, b, i, w, rstd_s, k, c, dx3, dr3, want_dw, dw_parts, p
+    dy3, dro3, has_dro, x3, r3, rounded, b, i, w, rstd_s, k, c, dx3, dr3, dw_parts, p
 ):
     """dh of one row (``_add_dh`` for every j)."""
     rstd = math.ldexp(rstd_s, -k)
     for j in range(x3.shape[2]):
         _add_dh(dy3, dro3, has_dro, x3, r3, rounded, b, i, j, w, rstd_s, rstd, k, c, dx3, dr3,
-                want_dw, dw_parts, p)
+                dw_parts, p)
 
 
 # pragma: no mutate end
@@ -843,9 +863,11 @@ _add_bwd_row = njit(**_INL)(_add_bwd_row_py)
 _add_bwd_scaled_row = njit(**_SER)(_add_bwd_row_py)
 
 
-@njit(**_PAR)
-def _add_rms_bwd(dy3, dro3, has_dro, x3, r3, rounded, w, eps, has_rstd, rstd_in, dx3, dr3,
-                 want_dw, dw_parts, t0, t1):
+@njit(**_INL)
+def _add_bwd_rows(dy3, dro3, has_dro, x3, r3, rounded, w, eps, has_rstd, rstd_in, dx3, dr3,
+                  dw_parts, t0, t1):
+    """Every row of parts t0, ..., t1 - 1 on its own (any call); inlined with ``rounded`` and
+    ``has_dro`` constants, as ``_add_fwd_rows``."""
     nr = x3.shape[1]
     m = x3.shape[0] * nr
     for p in range(t0, t1):  # this call's share of the tasks (``_launch``)
@@ -861,12 +883,12 @@ def _add_rms_bwd(dy3, dro3, has_dro, x3, r3, rounded, w, eps, has_rstd, rstd_in,
                 s = _add_dot(dy3, x3, r3, b, i, rounded, w, 0)
                 c = _add_coef(s, dy3, x3, r3, b, i, rounded, w, rstd_s, 0)  # (6)
                 _add_bwd_row(dy3, dro3, has_dro, x3, r3, rounded, b, i, w, rstd_s, 0, c, dx3,
-                             dr3, want_dw, dw_parts, p)
+                             dr3, dw_parts, p)
             else:  # a scaled float64 row (rare)
                 s = _add_dot_scaled_row(dy3, x3, r3, b, i, rounded, w, k)
                 c = _add_coef(s, dy3, x3, r3, b, i, rounded, w, rstd_s, k)
                 _add_bwd_scaled_row(dy3, dro3, has_dro, x3, r3, rounded, b, i, w, rstd_s, k, c,
-                                    dx3, dr3, want_dw, dw_parts, p)
+                                    dx3, dr3, dw_parts, p)
 
 
 @njit(**_INL)
@@ -881,22 +903,23 @@ def _add_dh_and_dot(dy3, dro3, has_dro, x3, r3, rounded, b, i, w, rstd_s, c, dx3
         for lane in range(LANES):
             j = j0 + lane
             _add_dh(dy3, dro3, has_dro, x3, r3, rounded, b, i, j, w, rstd_s, rstd_s, 0, c, dx3,
-                    dr3, True, dw_parts, p)
+                    dr3, dw_parts, p)
             acc[lane] += _dxhat_h(dy3, x3, r3, b1, i1, j, rounded, w, 0)  # the next row's
     for lane in range(n - n64):
         j = n64 + lane
         _add_dh(dy3, dro3, has_dro, x3, r3, rounded, b, i, j, w, rstd_s, rstd_s, 0, c, dx3, dr3,
-                True, dw_parts, p)
+                dw_parts, p)
         acc[lane] += _dxhat_h(dy3, x3, r3, b1, i1, j, rounded, w, 0)
     return _lane_tree(acc)
 
 
-@njit(**_PAR)
-def _add_rms_bwd_pipelined(dy3, dro3, has_dro, x3, r3, rounded, w, rstd_in, dx3, dr3,
-                           dw_parts, t0, t1):
+@njit(**_INL)
+def _add_bwd_pipelined_rows(dy3, dro3, has_dro, x3, r3, rounded, w, rstd_in, dx3, dr3,
+                            dw_parts, t0, t1):
     """The common call (a saved rstd in range, a weight), as ``_rms_bwd_pipelined``: every row
     of a part through one loop that writes row r's dh while summing row r + 1's Σ dxhat·h (the
-    part's last row sums itself again, unused)."""
+    part's last row sums itself again, unused). Inlined with ``rounded`` and ``has_dro``
+    constants."""
     nr = x3.shape[1]
     m = x3.shape[0] * nr
     for p in range(t0, t1):  # this call's share of the tasks (``_launch``)
@@ -915,16 +938,68 @@ def _add_rms_bwd_pipelined(dy3, dro3, has_dro, x3, r3, rounded, w, rstd_in, dx3,
                                 dr3, dw_parts, p, rn // nr, rn % nr)
 
 
-def _add_rms_bwd_any(dy3, dro3, has_dro, x3, r3, rounded, w, eps, has_rstd, rstd_in, dx3, dr3,
-                     want_dw, dw_parts, t0, t1):
-    """The common call (a saved rstd in the range of unscaled sums, a weight) runs
-    ``_add_rms_bwd_pipelined``, every other call ``_add_rms_bwd`` (as ``_rms_bwd_v5``)."""
-    if has_rstd and want_dw and _saved_rstd_in_range(rstd_in):
-        _add_rms_bwd_pipelined(dy3, dro3, has_dro, x3, r3, rounded, w, rstd_in, dx3, dr3,
-                               dw_parts, t0, t1)
+@njit(**_PAR)
+def _add_rms_bwd_sum(dy3, dro3, has_dro, x3, r3, w, eps, has_rstd, rstd_in, dx3, dr3, dw_parts,
+                     t0, t1):
+    if has_dro:  # a constant in each inlined copy, as rounded is in each kernel
+        _add_bwd_rows(dy3, dro3, True, x3, r3, False, w, eps, has_rstd, rstd_in, dx3, dr3,
+                      dw_parts, t0, t1)
     else:
-        _add_rms_bwd(dy3, dro3, has_dro, x3, r3, rounded, w, eps, has_rstd, rstd_in, dx3, dr3,
-                     want_dw, dw_parts, t0, t1)
+        _add_bwd_rows(dy3, dro3, False, x3, r3, False, w, eps, has_rstd, rstd_in, dx3, dr3,
+                      dw_parts, t0, t1)
+
+
+@njit(**_PAR)
+def _add_rms_bwd_rounded(dy3, dro3, has_dro, x3, r3, w, eps, has_rstd, rstd_in, dx3, dr3,
+                         dw_parts, t0, t1):
+    if has_dro:
+        _add_bwd_rows(dy3, dro3, True, x3, r3, True, w, eps, has_rstd, rstd_in, dx3, dr3,
+                      dw_parts, t0, t1)
+    else:
+        _add_bwd_rows(dy3, dro3, False, x3, r3, True, w, eps, has_rstd, rstd_in, dx3, dr3,
+                      dw_parts, t0, t1)
+
+
+@njit(**_PAR)
+def _add_rms_bwd_pipelined_sum(dy3, dro3, has_dro, x3, r3, w, rstd_in, dx3, dr3, dw_parts, t0,
+                               t1):
+    if has_dro:
+        _add_bwd_pipelined_rows(dy3, dro3, True, x3, r3, False, w, rstd_in, dx3, dr3, dw_parts,
+                                t0, t1)
+    else:
+        _add_bwd_pipelined_rows(dy3, dro3, False, x3, r3, False, w, rstd_in, dx3, dr3, dw_parts,
+                                t0, t1)
+
+
+@njit(**_PAR)
+def _add_rms_bwd_pipelined_rounded(dy3, dro3, has_dro, x3, r3, w, rstd_in, dx3, dr3, dw_parts,
+                                   t0, t1):
+    if has_dro:
+        _add_bwd_pipelined_rows(dy3, dro3, True, x3, r3, True, w, rstd_in, dx3, dr3, dw_parts,
+                                t0, t1)
+    else:
+        _add_bwd_pipelined_rows(dy3, dro3, False, x3, r3, True, w, rstd_in, dx3, dr3, dw_parts,
+                                t0, t1)
+
+
+#: (general, pipelined) backward kernels for each value of ``rounded`` (h = x + r in float64,
+#: or rounded to x's dtype), each compiled on its first call; each inlines its rows twice, for
+#: a dresidual_out and without one. A branch on a run-time flag inside the element loops kept
+#: them from vectorising (47 ns per element instead of 4.7 in cache).
+_ADD_BWD = {False: (_add_rms_bwd_sum, _add_rms_bwd_pipelined_sum),
+            True: (_add_rms_bwd_rounded, _add_rms_bwd_pipelined_rounded)}
+
+
+def _add_rms_bwd_any(dy3, dro3, has_dro, x3, r3, rounded, w, eps, has_rstd, rstd_in, dx3, dr3,
+                     dw_parts, t0, t1):
+    """A saved rstd in the range of unscaled sums runs the pipelined kernel, every other call
+    the general one (as ``_rms_bwd_v5``)."""
+    general, pipelined = _ADD_BWD[rounded]
+    if has_rstd and _saved_rstd_in_range(rstd_in):
+        pipelined(dy3, dro3, has_dro, x3, r3, w, rstd_in, dx3, dr3, dw_parts, t0, t1)
+    else:
+        general(dy3, dro3, has_dro, x3, r3, w, eps, has_rstd, rstd_in, dx3, dr3, dw_parts, t0,
+                t1)
 
 
 # ============================================================================================
@@ -1561,7 +1636,7 @@ def add_rms_norm_forward(
     new_res = np.empty(x.shape, res.dtype)
     x3, r3, y3, nr3 = _rows3([_bits(x), _bits(res), _bits(y), _bits(new_res)], len(shape))
     rstd = np.empty(x3.shape[0] * x3.shape[1], _stat_dtype(x.dtype))
-    _launch(_add_rms_fwd, -(-rstd.size // ROWS_PER_BLOCK), x.size, x3, r3, rounded, w, eps, y3,
+    _launch(_ADD_FWD[rounded], -(-rstd.size // ROWS_PER_BLOCK), x.size, x3, r3, w, eps, y3,
             nr3, rstd)
     return y, new_res, rstd.reshape(stat_shape(x, shape))
 
@@ -1639,11 +1714,10 @@ def add_rms_norm_backward(
     dy3, dro3, x3, r3, dx3, dr3 = views
     m = x3.shape[0] * x3.shape[1]
     nparts = _n_parts(m)
-    want_dw = w_arr is not None
-    dw_parts = np.empty((nparts, n) if want_dw else (nparts, 0))
+    dw_parts = np.empty((nparts, n))  # summed with or without a weight (no branch per element)
     has_rstd = saved is not None
     _launch(_add_rms_bwd_any, nparts, x.size, dy3, dro3, has_dro, x3, r3, rounded, w, eps,
-            has_rstd, saved if has_rstd else w, dx3, dr3, want_dw, dw_parts)
+            has_rstd, saved if has_rstd else w, dx3, dr3, dw_parts)
     return AddRMSNormGrads(dx, dres, _param_grad(dw_parts, w_arr, shape))
 
 
