@@ -257,3 +257,42 @@ def test_with_equal_counts_the_cause_with_bits_reproduced_comes_first():
     t = {(a, c32): S(0.5, None), (b, c16): S(0.5, 0.9)}
     chosen, rest = cover([a, b], [c32, c16], [], t)
     assert chosen == [(b, [c16]), (a, [c32])] and rest == []
+
+
+# ---- what the user reads: the evidence line ----------------------------------------------------
+
+
+def test_the_evidence_line_gives_ratios_bits_named_eps_fits_and_the_first_four_cases():
+    ev = diagnosis.Evidence(cases=["a/float32/y", "b/float32/y", "c/bfloat16/y", "d/bfloat16/dx",
+                                   "e/float16/y"],
+                            ratio_before=12.5, ratio_after=0.5, match_rate=0.912,
+                            params={"eps": 1e-6, "block": 32, "projection_scale": 0.25})
+    assert ev.brief() == ("ratio 12.5 -> 0.5; bit-exact 91.2%; eps=1e-06 (HF's rms_norm_eps "
+                          "default); block=32; projection_scale=0.25; "
+                          "in a/float32/y, b/float32/y, c/bfloat16/y, d/bfloat16/dx ...")
+    four = replace(ev, cases=ev.cases[:4], ratio_after=None, match_rate=None, params={})
+    assert four.brief() == ("ratio 12.5; in a/float32/y, b/float32/y, c/bfloat16/y, "
+                            "d/bfloat16/dx")
+    # an eps off the named grid is the number alone; a name like "finfo(input dtype).eps" as is
+    assert "eps=3e-06;" in replace(four, params={"eps": 3e-6}).brief()
+    assert "eps=finfo(input dtype).eps;" in replace(
+        four, params={"eps": diagnosis._INPUT_EPS}).brief()
+
+
+def test_a_diagnosis_line_carries_its_fix_on_a_second_line_only_when_it_has_one():
+    ev = diagnosis.Evidence(cases=["gaussian/float32/y"], ratio_before=3.0, ratio_after=0.2)
+    d = diagnosis.make("n_minus_1", ev)
+    assert d.evidence is ev
+    assert d.line() == (
+        "DIAGNOSIS [n_minus_1] the mean of squares divides by N − 1 instead of N (a variance "
+        "formula) (evidence: ratio 3 -> 0.2; in gaussian/float32/y)\n"
+        "    fix: divide by N (unbiased=False / correction=0 if you use a variance routine)")
+    bare = replace(d, fix="")
+    assert bare.line() == d.line().split("\n")[0]
+    assert diagnosis.make("n_minus_1").evidence == diagnosis.Evidence()
+
+
+def test_seen_in_names_each_probe_and_dtype_once_in_order():
+    ev = diagnosis.Evidence(cases=["tails/bfloat16/y N=65", "gaussian/float32/dx",
+                                   "tails/bfloat16/dx N=65", "gaussian/float32/y"])
+    assert diagnosis.Diagnosis("x", "t", ev).seen_in == ["tails/bfloat16", "gaussian/float32"]
