@@ -296,3 +296,46 @@ def test_seen_in_names_each_probe_and_dtype_once_in_order():
     ev = diagnosis.Evidence(cases=["tails/bfloat16/y N=65", "gaussian/float32/dx",
                                    "tails/bfloat16/dx N=65", "gaussian/float32/y"])
     assert diagnosis.Diagnosis("x", "t", ev).seen_in == ["tails/bfloat16", "gaussian/float32"]
+
+
+def test_one_diagnosis_per_code_with_the_evidence_of_all_its_cases_most_cases_first():
+    def d(code, cases, before, after):
+        return diagnosis.make(code, diagnosis.Evidence(cases=list(cases), ratio_before=before,
+                                                       ratio_after=after))
+
+    merged = diagnosis._merge_diagnoses([
+        d("eps_value", ["a/float32/y"], 4.0, 0.9), d("missing_projection", ["a/float32/dx",
+          "b/float32/dx"], 9.0, 0.5), d("eps_value", ["a/float32/y", "b/float32/y"], 2.0, 0.3),
+        d("eps_value", ["c/float32/y"], 3.0, None)])
+    assert [m.code for m in merged] == ["eps_value", "missing_projection"]
+    ev = merged[0].evidence
+    assert ev.cases == ["a/float32/y", "b/float32/y", "c/float32/y"]
+    assert ev.ratio_before == 4.0 and ev.ratio_after == 0.9            # the worst of each
+    # a first diagnosis without an after-ratio takes the next one's, not a made-up 1
+    later = diagnosis._merge_diagnoses([d("tail", ["a/float32/y"], 4.0, None),
+                                        d("tail", ["b/float32/y"], 2.0, 0.3)])
+    assert later[0].evidence.ratio_after == 0.3
+    # most cases first; equal counts keep the order they were found in (a stable sort)
+    order = diagnosis._merge_diagnoses([d("tail", ["a"], 1.0, None), d("n_minus_1", ["a", "b"],
+                                        1.0, None), d("truncation", ["c"], 1.0, None)])
+    assert [m.code for m in order] == ["n_minus_1", "tail", "truncation"]
+
+
+def test_codes_are_recorded_once_on_the_cases_that_collect_them():
+    class Seen:
+        def __init__(self, codes):
+            self.codes = codes
+
+    a, b = Seen(["eps_value"]), Seen(None)
+    diagnosis._record([a, b], "eps_value", "missing_projection")
+    assert a.codes == ["eps_value", "missing_projection"] and b.codes is None
+
+
+def test_the_fitted_parameters_reported_are_the_mutation_s_own():
+    h = H(eps=1e-6, offset=1.0, projection="N", stat_block=32, dweight="prefix:3")
+    assert diagnosis._params(h, []) == {"eps": 1e-6, "offset": 1.0, "projection_scale": "N",
+                                        "block": 32, "dweight": "prefix:3"}
+    assert diagnosis._params(H(eps=diagnosis._INPUT_EPS), []) == {"eps": diagnosis._INPUT_EPS}
+    assert diagnosis._params(H(eps=0.0, projection=0.0), []) == {"eps": 0.0,
+                                                                 "projection_scale": 0.0}
+    assert diagnosis._params(diagnosis.CORRECT, []) == {}
