@@ -339,3 +339,11 @@ def test_the_fitted_parameters_reported_are_the_mutation_s_own():
     assert diagnosis._params(H(eps=0.0, projection=0.0), []) == {"eps": 0.0,
                                                                  "projection_scale": 0.0}
     assert diagnosis._params(diagnosis.CORRECT, []) == {}
+
+
+def test_a_candidate_that_explains_nothing_does_not_end_the_search():
+    c1, c2 = Case("a"), Case("b")
+    none, h = H(divisor="1"), H(divisor="N-1")
+    t = {(none, c1): S(3.0, None), (none, c2): S(2.0, None), (h, c1): S(0.5, None),
+         (h, c2): S(0.5, None)}
+    assert cover([none, h], [c1, c2], [], t) == ([(h, [c1, c2])], [])
