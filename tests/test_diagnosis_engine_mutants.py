@@ -130,6 +130,23 @@ def test_a_nan_output_scores_inf_so_it_never_passes_for_consistent():
     assert not diagnosis._consistent(diagnosis.CORRECT, [obs], lambda h, o: diagnosis.score(h, o))
 
 
+
+def test_on_an_unmasked_nan_row_a_nan_is_reproduced_and_a_number_is_not():
+    """Where x holds a NaN the reference row is NaN (and so is its bound): a NaN there is the
+    reference's answer (error 0, as tolerance.abs_error counts it); a number there is no
+    answer the reference could give: inf, never a NaN ratio that every comparison lets by."""
+    x, w = _unit_rows()
+    x[1, 3] = np.nan
+    got = (x * w).astype(np.float64)
+    got[1] = np.nan
+    obs = observe(got, x, 8, w, eps=0.0)
+    assert diagnosis.score(diagnosis.CORRECT, obs).ratio == 0.0
+    got[1, 5] = 1.0
+    s = diagnosis.score(diagnosis.CORRECT, replace(obs, got=got))
+    assert s.ratio == np.inf
+    assert not diagnosis._consistent(diagnosis.CORRECT, [replace(obs, got=got)],
+                                     lambda h, o: diagnosis.score(h, o))
+
 def test_rows_outside_the_mask_are_not_scored_on_y_and_dx():
     """Rows whose x holds NaN/Inf may return anything (validation masks them); the others count."""
     x, w = _unit_rows()
@@ -347,3 +364,22 @@ def test_a_candidate_that_explains_nothing_does_not_end_the_search():
     t = {(none, c1): S(3.0, None), (none, c2): S(2.0, None), (h, c1): S(0.5, None),
          (h, c2): S(0.5, None)}
     assert cover([none, h], [c1, c2], [], t) == ([(h, [c1, c2])], [])
+
+
+def test_scoring_a_wrong_eps_on_every_probe_warns_of_nothing():
+    """Scores divide errors by bounds that can be 0 or inf (zero rows, overflowing probes): the
+    engine judges those elements itself and must not spill NumPy's RuntimeWarnings on the user."""
+    import warnings
+
+    from rmsref.validation import validate
+
+    def fwd(x, shape, w=None, eps=None):             # HF's default eps, computed in float32
+        x32 = x.astype(np.float32)
+        eps32 = np.float32(1e-6 if eps is None else eps)
+        y = x32 / np.sqrt(np.mean(x32 * x32, axis=-1, keepdims=True) + eps32)
+        return (y * w.astype(np.float32) if w is not None else y).astype(x.dtype)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        rep = validate(fwd, dtypes=["float32", "float64"], repeat=False)
+    assert "eps_value" in [d.code for d in rep.diagnoses], "\n".join(rep.lines())
