@@ -383,3 +383,15 @@ def test_scoring_a_wrong_eps_on_every_probe_warns_of_nothing():
         warnings.simplefilter("error", RuntimeWarning)
         rep = validate(fwd, dtypes=["float32", "float64"], repeat=False)
     assert "eps_value" in [d.code for d in rep.diagnoses], "\n".join(rep.lines())
+
+
+def test_the_cover_compares_a_cause_s_bits_with_the_correct_computation_s():
+    """Inside the bound but reproducing fewer bits than the correct computation does is no
+    explanation, in the sample check and in the count alike."""
+    c1 = Case("a")
+    h = H(divisor="N-1")
+    t = {(h, c1): S(0.5, 0.8), (diagnosis.CORRECT, c1): S(3.0, 0.9)}
+    assert cover([h], [c1], [], t) == ([], [c1])
+    c2 = Case("b")
+    t.update({(h, c2): S(0.5, 0.95), (diagnosis.CORRECT, c2): S(3.0, 0.9)})
+    assert cover([h], [c1, c2], [], t) == ([(h, [c2])], [c1])
