@@ -299,8 +299,16 @@ def variant(name: str, number: int) -> Callable[..., Any]:
     else:
         kwargs_task = {}
 
+    import inspect
+
+    from rmsref.kernels import numba_cpu
+
+    signature = inspect.signature(getattr(numba_cpu, name))  # the public function's defaults
+
     def run(*args: Any, **kwargs: Any) -> Any:
-        return wrapper(kernel, *args, **kwargs_task, **kwargs)
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return wrapper(kernel, *bound.args, **kwargs_task, **bound.kwargs)
 
     run.__name__ = f"{name}_v{number}"
     run.__doc__ = f"{name}, variant v{number} (see bench.variants.numba_cpu_history)."
