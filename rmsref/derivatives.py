@@ -789,15 +789,20 @@ def _localize(jv_of: Callable[[np.ndarray], tuple], u: list[np.ndarray], g: np.n
     ``jv_of(v)`` returns (Jv, v_eff, err) for a direction v of this input. A block of indices is
     tested with a Gaussian direction supported on it; a failing block is split in two; a single
     index j gives the entry (Jᵀu)_j = ⟨u, J e_j⟩ exactly. A single wrong entry in n is found with
-    2·log2(n) evaluations. Returns the entries found and the evaluations spent.
+    2·log2(n) + 1 evaluations (n a power of two). At most ``budget`` evaluations are spent: a
+    block costs two (its halves), a single index one. Returns the entries found and the
+    evaluations spent.
     """
     n = int(np.prod(shape))
     heap: list[tuple[float, int, int]] = [(-math.inf, 0, n)]
     found: list[WorstEntry] = []
     spent = 0
     flat_g = None if g is None else np.asarray(g, np.float64).reshape(-1)
-    while heap and spent < budget and len(found) < max_worst:
-        _, lo, hi = heapq.heappop(heap)
+    while heap and len(found) < max_worst:
+        _, lo, hi = heap[0]
+        if spent + (1 if hi - lo == 1 else 2) > budget:
+            break
+        heapq.heappop(heap)
         if hi - lo == 1:
             e = np.zeros(n)
             e[lo] = 1.0

@@ -3,7 +3,10 @@ of the gradient checker a user can observe (a verdict, a number in the report, t
 
 from __future__ import annotations
 
-from rmsref.derivatives import CheckResult, GradcheckResult, WorstEntry
+import numpy as np
+import pytest
+
+from rmsref.derivatives import FD_SAFETY, CheckResult, GradcheckResult, WorstEntry, _localize
 
 # ------------------------------------------------------------------------------------------------
 # GradcheckResult.report: the table a user reads
@@ -97,3 +100,170 @@ def test_the_report_ends_with_the_calls_made_leaving_out_those_never_made():
               {c.name for c in CHECKS}]
     assert len(checks) == len(CHECKS)  # a skipped check in the middle does not end the table
     assert len(lines) == 1 + 2 + 1 + len(CHECKS) + 2 + 1 + 1
+
+
+# ------------------------------------------------------------------------------------------------
+# _localize: the bisection that names the wrong entries of a gradient
+# ------------------------------------------------------------------------------------------------
+# The function differentiated is linear, y = J x, so that (Jᵀu)_j is known exactly; g is that
+# gradient with planted errors delta. jv_of(v) plays the numerical JVP: J·v along the direction
+# actually taken, v_eff = taken·v (a finite difference takes a rounded step), and, when fd is
+# given, an error estimate fd·|J|·|v_eff| per output.
+
+
+def _linear(J, taken=1.0, fd=None):
+    calls = []
+
+    def jv_of(v):
+        calls.append(v)
+        v_eff = taken * v
+        err = None if fd is None else [fd * (np.abs(J) @ np.abs(v_eff))]
+        return [J @ v_eff], v_eff, err
+
+    return jv_of, calls
+
+
+def _no_floor(v):
+    return 0.0
+
+
+class _Ones:
+    """A stand-in for the Generator whose Gaussian weights are all 1: a block's discrepancy is
+    then the plain sum of its entries' errors."""
+
+    def standard_normal(self, size=None):
+        return 1.0 if size is None else np.ones(size)
+
+
+def _planted(J, u, delta):
+    """(Jᵀu, the gradient with the errors delta = {index: error})."""
+    exact = J.T @ u
+    g = exact.copy()
+    for j, e in delta.items():
+        g[j] += e
+    return exact, g
+
+
+RNG = np.random.default_rng(5)
+J8 = RNG.standard_normal((3, 8))
+U3 = RNG.standard_normal(3)
+
+
+def test_a_found_entry_carries_the_exact_entry_its_error_and_the_tolerance_of_one_unit_step():
+    """One wrong entry of eight: found in 2·log2(8) + 1 evaluations, each counted. Its figures
+    are per unit of x_j, whatever step the numerical JVP took (here half the one asked for):
+    numerical (Jᵀu)_j, error |g_j - (Jᵀu)_j|, tolerance rtol·Σ_i |u_i J_ij|."""
+    rtol = 1e-12
+    exact, g = _planted(J8, U3, {5: 1e-6})
+    jv_of, calls = _linear(J8, taken=0.5)
+    found, spent = _localize(jv_of, [U3], g, (8,), np.random.default_rng(0), rtol, 0.0,
+                             budget=64, max_worst=5, floor_of=_no_floor)
+    assert spent == len(calls) == 2 * 3 + 1
+    [w] = found
+    assert w.input_index == (5,) and w.output_index is None
+    assert w.analytic == g[5]
+    assert w.numerical == pytest.approx(exact[5], rel=1e-14)
+    assert w.error == pytest.approx(1e-6, rel=1e-8)
+    assert w.tolerance == pytest.approx(rtol * np.sum(np.abs(U3 * J8[:, 5])), rel=1e-14)
+
+
+def test_a_found_entry_s_tolerance_adds_atol_and_the_finite_difference_error():
+    """atol is absolute per entry (a unit step), and a finite-difference JVP's error estimate
+    err enters as FD_SAFETY·Σ_i |u_i err_i|."""
+    rtol, atol, fd = 1e-12, 1e-9, 1e-10
+    exact, g = _planted(J8, U3, {2: 1e-3})
+    jv_of, _ = _linear(J8, fd=fd)
+    [w], _ = _localize(jv_of, [U3], g, (8,), np.random.default_rng(0), rtol, atol, 64, 5,
+                       _no_floor)
+    col = np.sum(np.abs(U3 * J8[:, 2]))
+    assert w.input_index == (2,)
+    assert w.tolerance == pytest.approx((rtol + FD_SAFETY * fd) * col + atol, rel=1e-12)
+
+
+def test_an_error_within_the_finite_difference_estimate_is_not_chased():
+    """An entry wrong by less than the finite difference's own error: neither half of the input
+    fails, so nothing is bisected (two evaluations) and nothing reported."""
+    fd = 1e-6
+    _, g = _planted(J8, U3, {2: 1e-8})
+    jv_of, _ = _linear(J8, fd=fd)
+    found, spent = _localize(jv_of, [U3], g, (8,), np.random.default_rng(0), 1e-13, 0.0, 64, 5,
+                             _no_floor)
+    assert found == [] and spent == 2
+
+
+@pytest.mark.parametrize("n", [1, 8])
+def test_the_cancellation_floor_widens_every_tolerance_of_the_search(n):
+    """floor_of(v) is added to the scale of each comparison (the single index included, n = 1):
+    an error below rtol·floor is not reported, and not chased."""
+    J = J8[:, :n]
+    _, g = _planted(J, U3, {0: 1e-9})
+    jv_of, _ = _linear(J)
+    args = ([U3], g, (n,), np.random.default_rng(0), 1e-13, 0.0, 64, 5)
+    found, spent = _localize(jv_of, *args, floor_of=lambda v: 1e5)
+    assert found == [] and spent == min(n, 2)
+    found, _ = _localize(jv_of, *args, floor_of=_no_floor)
+    assert [w.input_index for w in found] == [(0,)]
+
+
+def test_a_backward_that_returned_none_has_analytic_entries_zero():
+    exact = J8.T @ U3
+    jv_of, _ = _linear(J8)
+    found, _ = _localize(jv_of, [U3], None, (8,), np.random.default_rng(0), 1e-13, 0.0, 64, 8,
+                         _no_floor)
+    assert len(found) == 8
+    for w in found:
+        (j,) = w.input_index
+        assert w.analytic == 0.0
+        assert w.numerical == pytest.approx(exact[j], rel=1e-14)
+        assert w.error == pytest.approx(abs(exact[j]), rel=1e-14)
+
+
+# With rtol = 0 and atol = 1 every comparison's tolerance is 1; with J = I, u = 1 and weights 1
+# every discrepancy is an exact small integer: the sum of the planted errors in the block.
+EYE8, ONES8 = np.eye(8), np.ones(8)
+
+
+def _search(delta, *, budget=64, max_worst=5, rng=None):
+    _, g = _planted(EYE8, ONES8, delta)
+    jv_of, calls = _linear(EYE8)
+    found, spent = _localize(jv_of, [ONES8], g, (8,), _Ones() if rng is None else rng, 0.0,
+                             1.0, budget, max_worst, _no_floor)
+    assert spent == len(calls)
+    return [w.input_index[0] for w in found], [w.ratio for w in found], spent
+
+
+def test_the_worst_block_is_split_first_and_the_entries_come_worst_first():
+    """Errors 10 at x[1], 4 at x[6], 2 at x[3]: with room for two entries, the two worst are
+    reported, worst first."""
+    idx, ratios, _ = _search({1: 10.0, 6: 4.0, 3: 2.0}, max_worst=2)
+    assert idx == [1, 6] and ratios == [10.0, 4.0]
+    assert _search({1: 10.0, 6: 4.0, 3: 2.0})[0] == [1, 6, 3]
+
+
+def test_a_block_or_an_entry_at_exactly_its_tolerance_passes():
+    """ratio <= 1 passes: a lone error of exactly the tolerance is neither chased nor reported;
+    one of 1.5 times it is found (and one of 2.5, beyond a doubled threshold)."""
+    assert _search({4: 1.0}) == ([], [], 2)
+    assert _search({4: 1.5})[:2] == ([4], [1.5])
+    assert _search({4: 2.5})[:2] == ([4], [2.5])
+    _, g = _planted(EYE8[:, :1], ONES8, {0: 1.0})  # one input entry: the single-index test
+    found, spent = _localize(_linear(EYE8[:, :1])[0], [ONES8], g, (1,), _Ones(), 0.0, 1.0, 64,
+                             5, _no_floor)
+    assert found == [] and spent == 1
+
+
+@pytest.mark.parametrize("budget", range(1, 12))
+def test_the_search_spends_at_most_its_budget(budget):
+    """One wrong entry of 8 takes 7 evaluations; a smaller budget stops the search early, never
+    beyond the budget (a block costs two, a single index one)."""
+    idx, _, spent = _search({6: 3.0}, budget=budget)
+    assert spent <= budget
+    assert idx == ([6] if budget >= 7 else [])
+    assert spent == min(budget - budget % 2, 6) + (budget >= 7)
+
+
+def test_errors_that_cancel_in_a_sum_are_found():
+    """+100 at x[2] and -100 at x[3]: equal weights would see no error in any block holding
+    both; the Gaussian weights of the real search do."""
+    idx, _, _ = _search({2: 100.0, 3: -100.0}, rng=np.random.default_rng(0))
+    assert sorted(idx) == [2, 3]
