@@ -5,7 +5,8 @@ The contract (rmsref.kernels.numba_cpu, "Numerical contract"): RMSNorm's y is co
 float32 arithmetic, fl(fl(x·fl(rstd))·fl(w')), then rounded to the half type; dx (RMSNorm and
 LayerNorm) and LayerNorm's y are computed in float64, as for every other dtype, and rounded to
 the half type through float32; a row with an inf or NaN output (or, for y, an rstd outside
-[2^-100, 2^100]) is computed in float64 and rounded once. So >= 99.9 % of the elements equal
+[2^-100, 2^100], or an x·rstd of a nonzero x below float32's normal range) is computed in
+float64 and rounded once. So >= 99.9 % of the elements equal
 the oracle's float64 value rounded once, and the rest are one ulp from it.
 
 References: NumPy float32 arithmetic and ml_dtypes/NumPy casts (the float32 route, bit for
@@ -45,18 +46,22 @@ def test_bfloat16_forward_is_its_float32_route(rng, extreme):
     """y in bfloat16 from float32 inputs (float64 rstd returned, so the kernel's values are
     reproducible here) equals, bit for bit, fl32(fl32(x·fl32(rstd))·w) rounded once to
     bfloat16 (NumPy float32 arithmetic, ml_dtypes' RNE), subnormal y included; a row whose
-    float32 y has an inf (``extreme``: weights of 3e38) or a NaN equals its float64 value
-    rounded once instead. 40 rows: pipelined and block-final rows."""
+    float32 y has an inf (``extreme``: weights of 3e38) or a NaN, or whose x·rstd of a nonzero
+    x falls below float32's normal range, equals its float64 value rounded once instead. 40
+    rows: pipelined and block-final rows."""
     m, n = 40, 200
     x = rng.standard_normal((m, n)).astype(np.float32)
     x[3, :5] = [0.0, -0.0, 0.0, -0.0, 0.0]  # exact zeros keep their sign, in the fast route
     x[9, 17] = np.nan  # a NaN row: NaN everywhere
+    x[21, :2] = [3e30, -2e-20]  # x·rstd of 2e-20 underflows float32: the float64 route
     w = _weights(rng, n, extreme)
     y, rstd = K.rms_norm_forward(x, n, w, out_dtype=BF16)
     assert rstd.dtype == np.float64
-    with np.errstate(over="ignore", invalid="ignore"):
-        y32 = (x * rstd.astype(np.float32)) * w
-    exact_rows = ~np.isfinite(y32).all(axis=1)
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        xhat32 = x * rstd.astype(np.float32)
+        y32 = xhat32 * w
+    lost = (x != 0) & (np.abs(xhat32) < np.finfo(np.float32).tiny)
+    exact_rows = ~np.isfinite(y32).all(axis=1) | lost.any(axis=1)
     y64 = (x.astype(np.float64) * rstd) * w.astype(np.float64)
     want = np.where(exact_rows[:, None],
                     hb.encode(y64.reshape(-1), hb.BF16_BITS).view(np.uint16).reshape(m, n),
@@ -65,9 +70,26 @@ def test_bfloat16_forward_is_its_float32_route(rng, extreme):
     bad = np.argwhere(got != want)
     assert bad.size == 0, (f"{len(bad)} elements differ, first at {tuple(bad[0])}: got "
                            f"{got[tuple(bad[0])]:#06x}, want {want[tuple(bad[0])]:#06x}")
-    assert exact_rows[9] and exact_rows.sum() == (1 + extreme * (m - 1))
+    assert exact_rows[9] and exact_rows[21] and exact_rows.sum() == (2 + extreme * (m - 2))
     if extreme:
         assert np.isinf(y.astype(np.float32)).any() and (np.abs(y64) < 2.0**-126).any()
+
+
+@pytest.mark.parametrize("rows", [1, 40], ids=["one-row", "pipelined"])
+def test_an_x_rstd_lost_to_float32_underflow_is_not_a_wrong_y(rows):
+    """Tiny x beside large ones (rstd ~ 2^-60) times large weights: x·rstd falls below
+    float32's normal range (zero for 2^-100·2^-60, a few bits for 3·2^-80·2^-60) while
+    y = x·rstd·w' is an ordinary bfloat16 value. y equals the oracle's bits (the row is written
+    again in float64), not a zero or a value cut to a float32 subnormal's bits (the fuzz test
+    once found -0.0 for -2.37e-28). A float16 y cannot get there: its w' < 2^16 (or, with a
+    large offset, every large x's y overflows and the row is written again anyway)."""
+    x = np.tile([2.0**60, -1.0078125 * 2.0**-100, 3.0 * 2.0**-80, 2.0**59], (rows, 1))
+    x = x.astype(BF16)
+    w = np.array([1.0, 2.0**100, 2.0**100, 1.0]).astype(BF16)
+    y, _ = K.rms_norm_forward(x, 4, w)
+    want, _ = rmsref.rms_norm_forward(x, 4, w)
+    assert (want.astype(np.float64)[:, 1] < 0).all() and (want.astype(np.float64)[:, 2] > 0).all()
+    np.testing.assert_array_equal(y.view(np.uint16), want.view(np.uint16))
 
 
 def test_bfloat16_pipelined_backward_equals_exact_path(rng):

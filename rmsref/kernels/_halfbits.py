@@ -395,9 +395,10 @@ def _outside_normal_impl(v, out):
 #
 # The contract this gives for half outputs (rmsref.kernels.numba_cpu, tested on every bit
 # pattern in tests/test_numba_cpu_half.py): >= 99.9 % of elements bit-equal to the oracle's
-# float64 value rounded once, the rest one ulp away; ``outside_work`` flags inf and NaN, and
-# ``work_in_range`` rows whose rstd would make float32 products overflow or lose bits, and
-# the kernels write those rows again in float64, rounded once (the oracle's bits).
+# float64 value rounded once, the rest one ulp away; ``outside_work`` flags inf and NaN,
+# ``lost_in_work`` an x·rstd that underflowed float32 (RMSNorm's y), and ``work_in_range``
+# rows whose rstd would make float32 products overflow or lose bits, and the kernels write
+# those rows again in float64, rounded once (the oracle's bits).
 
 
 def _f32_route(v, out) -> bool:
@@ -444,6 +445,14 @@ def from_work(v, out):
 def outside_work(v, out):
     """Whether ``from_work(v, out)`` may differ from the row's float64 route."""
     raise NotImplementedError("outside_work is only callable from Numba-compiled code")
+
+
+def lost_in_work(xw, xhat, out):
+    """Whether the working-precision product ``xhat = xw·rstd`` of a nonzero ``xw`` fell below
+    float32's normal range (2^-126), where it keeps fewer than 24 bits or none: y = xhat·w'
+    can still be a normal half value (a tiny x beside a large one, times a large weight), so
+    such a row is written again in float64. Always False for float64 work."""
+    raise NotImplementedError("lost_in_work is only callable from Numba-compiled code")
 
 
 def sum_to(h, a, b, out):
@@ -550,6 +559,16 @@ def _outside_work_impl(v, out):
     # inf or NaN: bits of |v| at or above inf's
     return lambda v, out: (np.float32(v).view(np.int32) & np.int32(0x7FFFFFFF)) >= np.int32(
         0x7F800000)
+
+
+@overload(lost_in_work, jit_options={"nogil": True})
+def _lost_in_work_impl(xw, xhat, out):
+    if xhat != types.float32 or out.dtype not in (types.int16, types.uint16):
+        return lambda xw, xhat, out: False
+    # |xhat| below the smallest normal (0 included) while x is not zero
+    return lambda xw, xhat, out: (
+        (np.float32(xhat).view(np.int32) & np.int32(0x7FFFFFFF)) < np.int32(0x00800000)
+    ) & ((np.float32(xw).view(np.int32) & np.int32(0x7FFFFFFF)) != np.int32(0))
 
 
 # --------------------------------------------------------------------------------------------

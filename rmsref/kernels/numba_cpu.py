@@ -68,8 +68,10 @@ Numerical contract
   forward near float32's time per element (bench/cpu.py); dx stays float64 because its two
   terms can cancel, which float32 would turn into large relative errors. A row with an inf or
   NaN output (and, for y, a row whose rstd is outside [2^-100, 2^100], where float32 products
-  could overflow or lose bits) is written again in float64 and rounded once, so NaN and inf
-  rows have the oracle's bits.
+  could overflow or lose bits, or in which the float32 x·rstd of a nonzero x falls below
+  float32's normal range: a tiny x beside large ones, whose y a large w' makes an ordinary
+  half value) is written again in float64 and rounded once, so those rows have the oracle's
+  bits.
 - Saved statistics: rstd (and LayerNorm's mean) in float32 for float16/bfloat16 inputs (what
   torch saves), float64 for float32 and float64 inputs. For float32 that is a choice: the value
   is computed in float64 anyway and costs 8 bytes per row, and a float64 rstd lets the backward
@@ -158,6 +160,7 @@ from rmsref.kernels._halfbits import (
     as_work,
     from_f64,
     from_work,
+    lost_in_work,
     outside_work,
     sum_to,
     to_f64,
@@ -357,9 +360,11 @@ def _rms_write(x3, b, i, w, ww, bias, has_bias, y3, rstd_s, k):
         rstd_w = as_work(rstd_s, x3, y3)
         outside = False
         for j in range(x3.shape[2]):
-            yj = to_work(x3[b, i, j], y3) * rstd_w * ww[j]
+            xj = to_work(x3[b, i, j], y3)
+            xhat = xj * rstd_w
+            yj = xhat * ww[j]
             y3[b, i, j] = from_work(yj, y3)
-            outside |= outside_work(yj, y3)
+            outside |= outside_work(yj, y3) | lost_in_work(xj, xhat, y3)
         if outside:  # a rare row: written again in float64, rounded by from_f64
             _rms_write_general(x3, b, i, w, bias, False, y3, rstd_s, 0)
     else:
@@ -405,16 +410,20 @@ def _write_and_sumsq(x3, b, i, ww, y3, rstd_w, b1, i1):
     for j0 in range(0, n64, LANES):
         for lane in range(LANES):
             j = j0 + lane
-            yj = to_work(x3[b, i, j], y3) * rstd_w * ww[j]  # (3)-(4)
+            xj = to_work(x3[b, i, j], y3)
+            xhat = xj * rstd_w
+            yj = xhat * ww[j]  # (3)-(4)
             y3[b, i, j] = from_work(yj, y3)
-            outside |= outside_work(yj, y3)
+            outside |= outside_work(yj, y3) | lost_in_work(xj, xhat, y3)
             v = to_f64(x3[b1, i1, j])
             acc[lane] += v * v  # (1) of the next row
     for lane in range(n - n64):
         j = n64 + lane
-        yj = to_work(x3[b, i, j], y3) * rstd_w * ww[j]
+        xj = to_work(x3[b, i, j], y3)
+        xhat = xj * rstd_w
+        yj = xhat * ww[j]
         y3[b, i, j] = from_work(yj, y3)
-        outside |= outside_work(yj, y3)
+        outside |= outside_work(yj, y3) | lost_in_work(xj, xhat, y3)
         v = to_f64(x3[b1, i1, j])
         acc[lane] += v * v
     return _lane_tree(acc), outside
