@@ -91,6 +91,11 @@ METHODS = ("complex", "central", "richardson")
 #: observed/tolerance ratio 0.14, so the margin is ~7x at worst and ~1000x typically; a single
 #: entry of dx wrong by 1e-6 at N = 4096 is caught at ratio ~400-900.
 RTOL_ULPS = 2.0**10
+#: The largest default rtol gradcheck will judge with: float32's is 2^-14, but float16's would be
+#: 0.5 and bfloat16's 4, at which a gradient three times too large passes. Past it the
+#: comparisons are not made (the result says NOT CHECKED and why); an explicit rtol is used as
+#: given.
+MAX_DEFAULT_RTOL = 2.0**-10
 #: Safety factor applied to finite-difference error estimates (they are estimates, not bounds).
 FD_SAFETY = 8.0
 #: A complex step disagreeing with a coarse central difference by more than this (relative, in
@@ -894,7 +899,10 @@ def gradcheck(
         Number of random (u, v) pairs per input for the transpose identity.
     rtol : float, optional
         Relative tolerance, applied to Σ|u_i (Jv)_i|. Default ``RTOL_ULPS`` unit roundoffs of the
-        least precise dtype among the forward output and the gradients (1.1e-13 in float64).
+        least precise dtype among the forward output and the gradients (1.1e-13 in float64,
+        6.1e-5 in float32). In float16 and bfloat16 that default would pass a gradient three
+        times too large, so no comparison is made (the result is NOT CHECKED, with a note) unless
+        rtol is given.
     atol : float
         Absolute tolerance added to every comparison (default 0).
     second_order : bool, optional
@@ -1038,6 +1046,8 @@ class _Checker:
         if not self.check_structure():
             # Shapes wrong: the inner products below would broadcast nonsense.
             return self.result()
+        if s.rtol is None and self.rtol > MAX_DEFAULT_RTOL:
+            return self.too_imprecise()
         self.floor = _Floor(self.F, self.inputs, self.y, self.diff)
         self.choose_method()
         vs = self.draw_input_directions()
@@ -1049,6 +1059,20 @@ class _Checker:
             self.checks += _full_jacobian(self)
         if self.diff and second_order is not False:
             self.checks += _second_order(self, double_backward, second_order)
+        return self.result()
+
+    def too_imprecise(self) -> GradcheckResult:
+        """The result when the default rtol exceeds ``MAX_DEFAULT_RTOL``: every comparison is
+        skipped (NOT CHECKED, never a pass), with the dtype, its unit roundoff and the way out."""
+        dtypes = [o.dtype for o in self.y] + [np.asarray(self.grads[0][k]).dtype
+                                              for k in self.diff if self.grads[0][k] is not None]
+        worst = max(dtypes, key=_unit_roundoff)
+        note = (f"not checked: {worst} rounds at u = {_unit_roundoff(worst):.2g}, so the default "
+                f"rtol ({RTOL_ULPS:g}·u = {self.rtol:.3g}) could not tell a wrong gradient from a "
+                "right one; cast the inputs to float64 (or float32), or pass rtol yourself")
+        self.notes.append(note)
+        skipped = f"the default rtol would be {self.rtol:.3g} ({worst}): see the note"
+        self.checks += [CheckResult("vjp", self.names[k], None, note=skipped) for k in self.diff]
         return self.result()
 
     def point_problem(self) -> GradcheckResult | None:
