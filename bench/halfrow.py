@@ -15,6 +15,9 @@ this script takes the memory out (two rows of x and dy, a weight row and an outp
   the working precision (float32 for half types: ``_halfbits.to_work``).
 - write row: the forward's unpipelined write (``_rms_write``), which half rows take.
 - bwd row: the backward's pipelined row (``_bwd_row_and_dot``).
+- add fwd row, add bwd row: the fused residual add's pipelined rows (``_add_write_and_sumsq``,
+  ``_add_dh_and_dot``; h = x + r in float64, no dresidual_out): two inputs and two outputs
+  per element where RMSNorm has one of each.
 
 Times are the minimum over interleaved rounds (the machine may be shared), in ns per element.
 """
@@ -73,16 +76,33 @@ def _kernels():
             t += K._bwd_row_and_dot(g3, x3, 0, 0, w, 1.0 + rep * 1e-9, 0.01, dx3, parts, 0, 0, 1)
         return t
 
-    return sumsq, encode_exact, fwd_row, write_row, bwd_row
+    @njit(**opts)
+    def add_fwd_row(x3, r3, w, y3, res3, reps):
+        t = 0.0
+        for rep in range(reps):
+            t += K._add_write_and_sumsq(x3, r3, None, 0, 0, w, y3, 1.0 + rep * 1e-9, res3,
+                                        0, 1)[0]
+        return t
+
+    @njit(**opts)
+    def add_bwd_row(g3, x3, r3, w, dx3, dr3, parts, reps):
+        t = 0.0
+        for rep in range(reps):
+            t += K._add_dh_and_dot(g3, g3, False, x3, r3, None, 0, 0, w, 1.0 + rep * 1e-9,
+                                   0.01, dx3, dr3, parts, 0, 0, 1)
+        return t
+
+    return sumsq, encode_exact, fwd_row, write_row, bwd_row, add_fwd_row, add_bwd_row
 
 
 def measure(dtype: np.dtype, n: int, reps: int, rounds: int) -> dict[str, float]:
     """ns per element of each helper for ``dtype`` rows of length n (minimum over rounds)."""
-    sumsq, encode_exact, fwd_row, write_row, bwd_row = _kernels()
+    sumsq, encode_exact, fwd_row, write_row, bwd_row, add_fwd_row, add_bwd_row = _kernels()
     rng = np.random.default_rng(0)
     x3 = K._bits(rng.standard_normal((1, 2, n)).astype(dtype))
     g3 = K._bits(rng.standard_normal((1, 2, n)).astype(dtype))
-    y3 = np.empty_like(x3)
+    r3 = K._bits(rng.standard_normal((1, 2, n)).astype(dtype))
+    y3, res3 = np.empty_like(x3), np.empty_like(x3)
     w = rng.standard_normal(n)
     parts = np.zeros((1, n))
     calls = {
@@ -91,6 +111,8 @@ def measure(dtype: np.dtype, n: int, reps: int, rounds: int) -> dict[str, float]
         "fwd row": lambda r: fwd_row(x3, w, y3, r),
         "write row": lambda r: write_row(x3, w, y3, r),
         "bwd row": lambda r: bwd_row(g3, x3, w, y3, parts, r),
+        "add fwd row": lambda r: add_fwd_row(x3, r3, w, y3, res3, r),
+        "add bwd row": lambda r: add_bwd_row(g3, x3, r3, w, y3, res3, parts, r),
     }
     for call in calls.values():
         call(1)  # compile

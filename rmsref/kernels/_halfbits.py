@@ -455,6 +455,14 @@ def lost_in_work(xw, xhat, out):
     raise NotImplementedError("lost_in_work is only callable from Numba-compiled code")
 
 
+def rounded_like(v, like):
+    """The float64 value ``v`` rounded (RNE) to the element type of array ``like`` and back to
+    float64, exactly; ``v`` itself when ``like`` is None. Which of the two is chosen when the
+    kernel is compiled (None and an array are different types), not by a branch: a branch on a
+    constant flag kept the fused add's element loops from vectorising."""
+    raise NotImplementedError("rounded_like is only callable from Numba-compiled code")
+
+
 def sum_to(h, a, b, out):
     """The exact float64 sum h = a_j + b_k of an element of array ``a`` and one of array
     ``b``, rounded to the element type of array ``out``: through float32 when ``a``, ``b`` and
@@ -469,6 +477,13 @@ def sum_to(h, a, b, out):
     not keep the oracle's NaN bits: the kernel writes such a row again with ``from_f64``.
     """
     raise NotImplementedError("sum_to is only callable from Numba-compiled code")
+
+
+@overload(rounded_like, jit_options={"nogil": True})
+def _rounded_like_impl(v, like):
+    if isinstance(like, types.NoneType):
+        return lambda v, like: v
+    return lambda v, like: to_f64(from_f64(v, like))
 
 
 @overload(sum_to, jit_options={"nogil": True})

@@ -31,8 +31,8 @@ Fused residual add + RMSNorm and LayerNorm, written the same way
     ``_add_bwd_rows`` parts as RMSNorm's; Σ dxhat·h in the 64 lanes, then dx and dresidual.
                       The common call (a saved rstd, a weight) runs
                       ``_add_bwd_pipelined_rows`` (dh of row r while Σ dxhat·h of row r + 1).
-                      Each is compiled once per rounding (``_ADD_FWD``, ``_ADD_BWD``), so that
-                      the rounding is a constant of the element loops.
+                      Each is compiled once per rounding of h: ``like`` is None or the x
+                      array, so the rounding is a type of the element loops, not a branch.
     ``_ln_fwd``       Σx in the 64 lanes -> mu; (Σd, Σd²), d = x − mu, in one pass (the
                       corrected two-pass variance, which is also the oracle's "refine mu once");
                       blocks pipelined (y of row r while Σx of row r + 1).
@@ -162,6 +162,7 @@ from rmsref.kernels._halfbits import (
     from_work,
     lost_in_work,
     outside_work,
+    rounded_like,
     sum_to,
     to_f64,
     to_work,
@@ -643,68 +644,77 @@ def _sum_parts(parts, out):
 # Fused residual add + RMSNorm. h = x + residual in float64 ("fp32-sum": never rounded before
 # the statistic) or rounded to x's dtype first ("rounded-sum"). RMSNorm's technique on h: Σh² and
 # Σ dxhat·h in the 64 lanes, the forward's blocks pipelined.
+# The rounding of h is chosen by a type, not a flag: ``like`` is None ("fp32-sum") or the x
+# array ("rounded-sum"), and ``_halfbits.rounded_like`` compiles to the identity or to the
+# rounding, so one kernel serves both, compiled once for each. The element loops index their
+# rows (1-D views) themselves, pass values to the helpers and do their own stores: a store
+# inside an inlined helper, or a row and an index passed to the helper that rounds, kept them
+# from vectorising (bench/halfrow.py, float32 in cache: the forward's row 1.3 -> 0.46 ns per
+# element, the backward's 2.2 -> 0.79; bfloat16 3.2 -> 0.75 and 10.4 -> 1.24).
 # A row helper that takes the scale exponent k is compiled twice: inlined for the common row,
 # called with k = 0 (so ``_scaled`` folds away and the loop vectorises), and on its own
 # (``*_scaled_row``) for the rare scaled float64 rows, which keeps that copy out of the kernels.
 # ============================================================================================
 @njit(**_INL)
-def _h(x3, r3, b, i, j, rounded):
-    h = to_f64(x3[b, i, j]) + to_f64(r3[b, i, j])
-    if rounded:
-        h = to_f64(from_f64(h, x3))  # R_x(x + r), back to float64 exactly
-    return h
+def _h_of(xj, rj, like):
+    """h_j = x_j + r_j in float64, rounded to ``like``'s element type unless it is None."""
+    return rounded_like(to_f64(xj) + to_f64(rj), like)
 
 
 @njit(**_INL)
-def _h_stored(x3, r3, b, i, j, rounded, res3):
-    """h_j of row (b, i), storing new_residual_j = R_res(h_j) on the way (``sum_to``: through
-    float32 when x, residual and the new residual share a half format; a row whose Σh² is not
-    finite holds an inf or NaN and is stored again by ``_add_residual_exact``)."""
-    h = _h(x3, r3, b, i, j, rounded)
-    res3[b, i, j] = sum_to(h, x3, r3, res3)
-    return h
+def _h(x3, r3, b, i, j, like):
+    """h_j of row (b, i) (the rare rows' loops)."""
+    return _h_of(x3[b, i, j], r3[b, i, j], like)
 
 
 @njit(**_SER)
-def _add_residual_exact(x3, r3, b, i, rounded, res3):
+def _add_residual_exact(x3, r3, b, i, like, res3):
     """new_residual of row (b, i) rounded once from float64: the oracle's bits, NaN included
     (rare: a row holding an inf or NaN, not inlined)."""
     for j in range(x3.shape[2]):
-        res3[b, i, j] = from_f64(_h(x3, r3, b, i, j, rounded), res3)
+        res3[b, i, j] = from_f64(_h(x3, r3, b, i, j, like), res3)
 
 
 @njit(**_INL)
-def _add_sumsq(x3, r3, b, i, rounded, res3):
+def _add_sumsq(x3, r3, b, i, like, res3):
     """Σh² of row (b, i) in the 64 lanes of ``_sumsq_v3`` (same order), storing the row's
-    new_residual."""
+    new_residual = R_res(h) on the way (``sum_to``: through float32 when x, the residual and
+    the new residual share a half format; a row whose Σh² is not finite holds an inf or NaN
+    and is stored again by ``_add_residual_exact``). The loops store into the row themselves:
+    the store inside an inlined helper kept them from vectorising."""
     n = x3.shape[2]
+    x, r, res = x3[b, i], r3[b, i], res3[b, i]  # (N,) each
     acc = np.zeros(LANES)
     n64 = n - n % LANES
     for j0 in range(0, n64, LANES):
         for lane in range(LANES):
-            h = _h_stored(x3, r3, b, i, j0 + lane, rounded, res3)
+            j = j0 + lane
+            h = _h_of(x[j], r[j], like)
+            res[j] = sum_to(h, x3, r3, res3)  # new_residual = R_res(h)
             acc[lane] += h * h
     for lane in range(n - n64):
-        h = _h_stored(x3, r3, b, i, n64 + lane, rounded, res3)
+        j = n64 + lane
+        h = _h_of(x[j], r[j], like)
+        res[j] = sum_to(h, x3, r3, res3)
         acc[lane] += h * h
     return _lane_tree(acc)
 
 
 @njit(**_INL)
-def _add_rstd(ss, x3, r3, b, i, rounded, eps):
+def _add_rstd(ss, x3, r3, b, i, like, eps):
     """(rstd_s, k) of a row from its Σh², as ``_rstd_from_sumsq`` does from Σx²."""
     if SS_LO <= ss <= SS_HI:
         return 1.0 / math.sqrt(ss / x3.shape[2] + eps), 0
-    return _add_rstd_scaled(ss, x3, r3, b, i, rounded, eps)
+    return _add_rstd_scaled(ss, x3, r3, b, i, like, eps)
 
 
 @njit(**_SER)
-def _add_rstd_scaled(ss, x3, r3, b, i, rounded, eps):
+def _add_rstd_scaled(ss, x3, r3, b, i, like, eps):
     """The scaled path of ``_rstd_from_sumsq``, on h (rare, not inlined)."""
     n = x3.shape[2]
     amax = 0.0
     for j in range(n):
-        a = abs(_h(x3, r3, b, i, j, rounded))
+        a = abs(_h(x3, r3, b, i, j, like))
         if not a <= amax:
             amax = a
     k = _scale_exponent(amax, eps)
@@ -712,107 +722,103 @@ def _add_rstd_scaled(ss, x3, r3, b, i, rounded, eps):
         return 1.0 / math.sqrt(ss / n + eps), 0
     ss_s = 0.0
     for j in range(n):
-        v = math.ldexp(_h(x3, r3, b, i, j, rounded), -k)
+        v = math.ldexp(_h(x3, r3, b, i, j, like), -k)
         ss_s += v * v
     return 1.0 / math.sqrt(ss_s / n + math.ldexp(eps, -2 * k)), k
 
 
 @njit(**_INL)
-def _add_write_and_sumsq(x3, r3, rounded, b, i, w, y3, rstd_s, res3, b1, i1):
+def _add_write_and_sumsq(x3, r3, like, b, i, w, y3, rstd_s, res3, b1, i1):
     """Row (b, i)'s y (unscaled) while summing Σh² of row (b1, i1) and storing its
     new_residual, in the lanes of ``_add_sumsq`` (same order, so the same bits). A half y is
     rounded to through float32 (``as_work``), as RMSNorm's dx; the new residual by ``sum_to``.
     Returns (Σh² of row (b1, i1), whether y needs ``_add_write_scaled_row``)."""
     n = x3.shape[2]
+    x, r, y = x3[b, i], r3[b, i], y3[b, i]  # (N,) each: row (b, i)
+    x1, r1, res1 = x3[b1, i1], r3[b1, i1], res3[b1, i1]  # row (b1, i1)
     acc = np.zeros(LANES)
     outside = False
     n64 = n - n % LANES
     for j0 in range(0, n64, LANES):
         for lane in range(LANES):
             j = j0 + lane
-            yj = as_work(_h(x3, r3, b, i, j, rounded) * rstd_s * w[j], x3, y3)  # (3)-(4)
-            y3[b, i, j] = from_work(yj, y3)
+            yj = as_work(_h_of(x[j], r[j], like) * rstd_s * w[j], x3, y3)  # (3)-(4)
+            y[j] = from_work(yj, y3)
             outside |= outside_work(yj, y3)
-            h = _h_stored(x3, r3, b1, i1, j, rounded, res3)
+            h = _h_of(x1[j], r1[j], like)
+            res1[j] = sum_to(h, x3, r3, res3)  # new_residual = R_res(h)
             acc[lane] += h * h  # (1) of the next row
     for lane in range(n - n64):
         j = n64 + lane
-        yj = as_work(_h(x3, r3, b, i, j, rounded) * rstd_s * w[j], x3, y3)
-        y3[b, i, j] = from_work(yj, y3)
+        yj = as_work(_h_of(x[j], r[j], like) * rstd_s * w[j], x3, y3)
+        y[j] = from_work(yj, y3)
         outside |= outside_work(yj, y3)
-        h = _h_stored(x3, r3, b1, i1, j, rounded, res3)
+        h = _h_of(x1[j], r1[j], like)
+        res1[j] = sum_to(h, x3, r3, res3)
         acc[lane] += h * h
     return _lane_tree(acc), outside
 
 
 @njit(**_SER)
-def _add_write_scaled_row(x3, r3, rounded, b, i, w, y3, rstd_s, k):
+def _add_write_scaled_row(x3, r3, like, b, i, w, y3, rstd_s, k):
     """y of a scaled row, (h·2^-k)·rstd_s·w, or of a row ``_add_write_and_sumsq`` flagged
     (k = 0), rounded once by ``from_f64`` (rare, not inlined)."""
     for j in range(x3.shape[2]):
-        y3[b, i, j] = from_f64(math.ldexp(_h(x3, r3, b, i, j, rounded), -k) * rstd_s * w[j], y3)
+        y3[b, i, j] = from_f64(math.ldexp(_h(x3, r3, b, i, j, like), -k) * rstd_s * w[j], y3)
 
 
 @njit(**_INL)
-def _add_fwd_rows(x3, r3, rounded, w, eps, y3, res3, rstd_out, t0, t1):
+def _add_fwd_rows(x3, r3, like, w, eps, y3, res3, rstd_out, t0, t1):
     """Blocks of ``ROWS_PER_BLOCK`` rows, every row through the pipelined loop (a block's last
-    row sums itself again, unused), as RMSNorm's forward. Inlined into one kernel per value of
-    ``rounded`` (``_ADD_FWD``), where it is a constant: a branch on a run-time ``rounded``
-    inside the element loops kept them from vectorising, 40 ns per element instead of ~1."""
+    row sums itself again, unused), as RMSNorm's forward."""
     nr = x3.shape[1]
     m = x3.shape[0] * nr
     for blk in range(t0, t1):  # this call's share of the tasks (``_launch``)
         r0 = blk * ROWS_PER_BLOCK
         r1 = min(m, r0 + ROWS_PER_BLOCK)
-        ss = _add_sumsq(x3, r3, r0 // nr, r0 % nr, rounded, res3)  # (1) of the first row
+        ss = _add_sumsq(x3, r3, r0 // nr, r0 % nr, like, res3)  # (1) of the first row
         if not math.isfinite(ss):
-            _add_residual_exact(x3, r3, r0 // nr, r0 % nr, rounded, res3)
+            _add_residual_exact(x3, r3, r0 // nr, r0 % nr, like, res3)
         for r in range(r0, r1):
             b, i = r // nr, r % nr
-            rstd_s, k = _add_rstd(ss, x3, r3, b, i, rounded, eps)  # (2) on h
+            rstd_s, k = _add_rstd(ss, x3, r3, b, i, like, eps)  # (2) on h
             rstd_out[r] = math.ldexp(rstd_s, -k)
             rn = min(r + 1, r1 - 1)  # the row summed while row r is written
-            ss, outside = _add_write_and_sumsq(x3, r3, rounded, b, i, w, y3, rstd_s, res3,
+            ss, outside = _add_write_and_sumsq(x3, r3, like, b, i, w, y3, rstd_s, res3,
                                                rn // nr, rn % nr)  # (3)-(4) of r, (1) of rn
             if not math.isfinite(ss):
-                _add_residual_exact(x3, r3, rn // nr, rn % nr, rounded, res3)
+                _add_residual_exact(x3, r3, rn // nr, rn % nr, like, res3)
             if k != 0 or outside:  # a scaled float64 row, or a flagged half row: y again
-                _add_write_scaled_row(x3, r3, rounded, b, i, w, y3, rstd_s, k)
+                _add_write_scaled_row(x3, r3, like, b, i, w, y3, rstd_s, k)
 
 
 @njit(**_PAR)
-def _add_rms_fwd_sum(x3, r3, w, eps, y3, res3, rstd_out, t0, t1):
-    """The forward with h = x + r in float64 (``rounding="fp32-sum"``)."""
-    _add_fwd_rows(x3, r3, False, w, eps, y3, res3, rstd_out, t0, t1)
-
-
-@njit(**_PAR)
-def _add_rms_fwd_rounded(x3, r3, w, eps, y3, res3, rstd_out, t0, t1):
-    """The forward with h = R_x(x + r) (``rounding="rounded-sum"``)."""
-    _add_fwd_rows(x3, r3, True, w, eps, y3, res3, rstd_out, t0, t1)
-
-
-#: The forward kernel for each value of ``rounded`` (each compiled on its first call).
-_ADD_FWD = {False: _add_rms_fwd_sum, True: _add_rms_fwd_rounded}
+def _add_rms_fwd(x3, r3, like, w, eps, y3, res3, rstd_out, t0, t1):
+    """The forward: h = x + r in float64 (``like`` None, ``rounding="fp32-sum"``) or
+    h = R_x(x + r) (``like`` the x array, ``rounding="rounded-sum"``); one compiled copy each."""
+    _add_fwd_rows(x3, r3, like, w, eps, y3, res3, rstd_out, t0, t1)
 
 
 @njit(**_INL)
-def _dxhat_h(dy3, x3, r3, b, i, j, rounded, w, k):
-    """dxhat_j·h_j·2^-k of row (b, i), dxhat = dy·w' (k = 0 unless a scaled row)."""
-    return (to_f64(dy3[b, i, j]) * w[j]) * _scaled(_h(x3, r3, b, i, j, rounded), k)
+def _dxhat_h(gj, wj, xj, rj, like, k):
+    """dxhat_j·h_j·2^-k from the elements, dxhat = dy·w' (k = 0 unless a scaled row)."""
+    return (to_f64(gj) * wj) * _scaled(_h_of(xj, rj, like), k)
 
 
 # pragma: no mutate start (jitted by a call below: mutmut's wrapper would not compile)
-def _add_dot_py(dy3, x3, r3, b, i, rounded, w, k):
+def _add_dot_py(dy3, x3, r3, b, i, like, w, k):
     """Σ_j dxhat_j·h_j·2^-k of row (b, i) in the 64 lanes of ``_dot_v3`` (same order)."""
     n = x3.shape[2]
+    g, x, r = dy3[b, i], x3[b, i], r3[b, i]  # (N,) each
     acc = np.zeros(LANES)
     n64 = n - n % LANES
     for j0 in range(0, n64, LANES):
         for lane in range(LANES):
-            acc[lane] += _dxhat_h(dy3, x3, r3, b, i, j0 + lane, rounded, w, k)
+            j = j0 + lane
+            acc[lane] += _dxhat_h(g[j], w[j], x[j], r[j], like, k)
     for lane in range(n - n64):
-        acc[lane] += _dxhat_h(dy3, x3, r3, b, i, n64 + lane, rounded, w, k)
+        j = n64 + lane
+        acc[lane] += _dxhat_h(g[j], w[j], x[j], r[j], like, k)
     return _lane_tree(acc)
 
 
@@ -822,49 +828,50 @@ _add_dot_scaled_row = njit(**_SER)(_add_dot_py)
 
 
 @njit(**_INL)
-def _add_coef(s, dy3, x3, r3, b, i, rounded, w, rstd_s, k):
+def _add_coef(s, dy3, x3, r3, b, i, like, w, rstd_s, k):
     """c of eq. (6) on h, s·rstd_s/N, as ``_coef``: rows whose s left [SS_LO, SS_HI] sum
     Σ dxhat·hhat / N instead."""
     if SS_LO <= abs(s) <= SS_HI:
         return s * rstd_s / x3.shape[2]
-    return _add_coef_from_hhat(dy3, x3, r3, b, i, rounded, w, rstd_s, k)
+    return _add_coef_from_hhat(dy3, x3, r3, b, i, like, w, rstd_s, k)
 
 
 @njit(**_SER)
-def _add_coef_from_hhat(dy3, x3, r3, b, i, rounded, w, rstd_s, k):
+def _add_coef_from_hhat(dy3, x3, r3, b, i, like, w, rstd_s, k):
     """(1/N) Σ dxhat_j·hhat_j, hhat = (h·2^-k)·rstd_s: ``_coef_from_xhat`` on h."""
     n = x3.shape[2]
     c = 0.0
     for j in range(n):
-        c += (to_f64(dy3[b, i, j]) * w[j]) * (_scaled(_h(x3, r3, b, i, j, rounded), k) * rstd_s)
+        c += (to_f64(dy3[b, i, j]) * w[j]) * (_scaled(_h(x3, r3, b, i, j, like), k) * rstd_s)
     return c / n
 
 
 @njit(**_INL)
-def _add_dh(dy3, dro3, has_dro, x3, r3, rounded, b, i, j, w, rstd_s, rstd, k, c, dx3, dr3,
-            dw_parts, p):
-    """dh_j = dx_RMSNorm(h)_j (+ dresidual_out_j) of row (b, i), rounded into dx and
-    dresidual, and its dweight term (summed with or without a weight: no branch in the loop;
-    the host drops it). Eqs. (3), (5)-(8) on h; rstd = rstd_s·2^-k."""
-    g = to_f64(dy3[b, i, j])
-    hhat = _scaled(_h(x3, r3, b, i, j, rounded), k) * rstd_s  # (3)
-    dh = rstd * (g * w[j] - hhat * c)  # (7) direct term − projection
+def _add_dh(gj, hhat, wj, rstd, c, droj, has_dro):
+    """dh_j = dx_RMSNorm(h)_j (+ dresidual_out_j) in float64, from the elements (the loops
+    store it into dx and dresidual and add the dweight term g·hhat themselves: stores inside
+    an inlined helper kept the loops from vectorising). Eq. (7) on h; rstd = rstd_s·2^-k."""
+    dh = rstd * (to_f64(gj) * wj - hhat * c)  # (7) direct term − projection
     if has_dro:
-        dh += to_f64(dro3[b, i, j])  # h also feeds new_residual
-    dx3[b, i, j] = from_f64(dh, dx3)
-    dr3[b, i, j] = from_f64(dh, dr3)
-    dw_parts[p, j] += g * hhat  # (8)
+        dh += to_f64(droj)  # h also feeds new_residual
+    return dh
 
 
 # pragma: no mutate start (jitted by a call below)
 def _add_bwd_row_py(
-    dy3, dro3, has_dro, x3, r3, rounded, b, i, w, rstd_s, k, c, dx3, dr3, dw_parts, p
+    dy3, dro3, has_dro, x3, r3, like, b, i, w, rstd_s, k, c, dx3, dr3, dw_parts, p
 ):
-    """dh of one row (``_add_dh`` for every j)."""
+    """dh of one row, rounded into dx and dresidual, and its dweight terms (summed with or
+    without a weight: no branch in the loop; the host drops them). Eqs. (3), (5)-(8) on h."""
     rstd = math.ldexp(rstd_s, -k)
+    g, dro, x, r = dy3[b, i], dro3[b, i], x3[b, i], r3[b, i]  # (N,) each
+    dx, dr, dw = dx3[b, i], dr3[b, i], dw_parts[p]
     for j in range(x3.shape[2]):
-        _add_dh(dy3, dro3, has_dro, x3, r3, rounded, b, i, j, w, rstd_s, rstd, k, c, dx3, dr3,
-                dw_parts, p)
+        hhat = _scaled(_h_of(x[j], r[j], like), k) * rstd_s  # (3)
+        dh = _add_dh(g[j], hhat, w[j], rstd, c, dro[j], has_dro)
+        dx[j] = from_f64(dh, dx3)
+        dr[j] = from_f64(dh, dr3)
+        dw[j] += to_f64(g[j]) * hhat  # (8)
 
 
 # pragma: no mutate end
@@ -873,10 +880,10 @@ _add_bwd_scaled_row = njit(**_SER)(_add_bwd_row_py)
 
 
 @njit(**_INL)
-def _add_bwd_rows(dy3, dro3, has_dro, x3, r3, rounded, w, eps, has_rstd, rstd_in, dx3, dr3,
+def _add_bwd_rows(dy3, dro3, has_dro, x3, r3, like, w, eps, has_rstd, rstd_in, dx3, dr3,
                   dw_parts, t0, t1):
-    """Every row of parts t0, ..., t1 - 1 on its own (any call); inlined with ``rounded`` and
-    ``has_dro`` constants, as ``_add_fwd_rows``."""
+    """Every row of parts t0, ..., t1 - 1 on its own (any call); inlined with ``has_dro`` a
+    constant."""
     nr = x3.shape[1]
     m = x3.shape[0] * nr
     for p in range(t0, t1):  # this call's share of the tasks (``_launch``)
@@ -886,49 +893,57 @@ def _add_bwd_rows(dy3, dro3, has_dro, x3, r3, rounded, w, eps, has_rstd, rstd_in
             if has_rstd:
                 rstd_s, k = _rstd_saved(rstd_in[r])
             else:  # (1)-(2) on h; the row's new_residual goes to dr3, overwritten by dh below
-                ss = _add_sumsq(x3, r3, b, i, rounded, dr3)
-                rstd_s, k = _add_rstd(ss, x3, r3, b, i, rounded, eps)
+                ss = _add_sumsq(x3, r3, b, i, like, dr3)
+                rstd_s, k = _add_rstd(ss, x3, r3, b, i, like, eps)
             if k == 0:
-                s = _add_dot(dy3, x3, r3, b, i, rounded, w, 0)
-                c = _add_coef(s, dy3, x3, r3, b, i, rounded, w, rstd_s, 0)  # (6)
-                _add_bwd_row(dy3, dro3, has_dro, x3, r3, rounded, b, i, w, rstd_s, 0, c, dx3,
+                s = _add_dot(dy3, x3, r3, b, i, like, w, 0)
+                c = _add_coef(s, dy3, x3, r3, b, i, like, w, rstd_s, 0)  # (6)
+                _add_bwd_row(dy3, dro3, has_dro, x3, r3, like, b, i, w, rstd_s, 0, c, dx3,
                              dr3, dw_parts, p)
             else:  # a scaled float64 row (rare)
-                s = _add_dot_scaled_row(dy3, x3, r3, b, i, rounded, w, k)
-                c = _add_coef(s, dy3, x3, r3, b, i, rounded, w, rstd_s, k)
-                _add_bwd_scaled_row(dy3, dro3, has_dro, x3, r3, rounded, b, i, w, rstd_s, k, c,
+                s = _add_dot_scaled_row(dy3, x3, r3, b, i, like, w, k)
+                c = _add_coef(s, dy3, x3, r3, b, i, like, w, rstd_s, k)
+                _add_bwd_scaled_row(dy3, dro3, has_dro, x3, r3, like, b, i, w, rstd_s, k, c,
                                     dx3, dr3, dw_parts, p)
 
 
 @njit(**_INL)
-def _add_dh_and_dot(dy3, dro3, has_dro, x3, r3, rounded, b, i, w, rstd_s, c, dx3, dr3, dw_parts,
+def _add_dh_and_dot(dy3, dro3, has_dro, x3, r3, like, b, i, w, rstd_s, c, dx3, dr3, dw_parts,
                     p, b1, i1):
     """Row (b, i)'s dh (unscaled, a weight) while summing Σ dxhat·h of row (b1, i1) in the
     lanes of ``_add_dot`` (same order, so the same bits): ``_bwd_row_and_dot`` on h."""
     n = x3.shape[2]
+    g, dro, x, r = dy3[b, i], dro3[b, i], x3[b, i], r3[b, i]  # (N,) each: row (b, i)
+    dx, dr, dw = dx3[b, i], dr3[b, i], dw_parts[p]
+    g1, x1, r1 = dy3[b1, i1], x3[b1, i1], r3[b1, i1]  # row (b1, i1)
     acc = np.zeros(LANES)
     n64 = n - n % LANES
     for j0 in range(0, n64, LANES):
         for lane in range(LANES):
             j = j0 + lane
-            _add_dh(dy3, dro3, has_dro, x3, r3, rounded, b, i, j, w, rstd_s, rstd_s, 0, c, dx3,
-                    dr3, dw_parts, p)
-            acc[lane] += _dxhat_h(dy3, x3, r3, b1, i1, j, rounded, w, 0)  # the next row's
+            hhat = _h_of(x[j], r[j], like) * rstd_s  # (3)
+            dh = _add_dh(g[j], hhat, w[j], rstd_s, c, dro[j], has_dro)
+            dx[j] = from_f64(dh, dx3)
+            dr[j] = from_f64(dh, dr3)
+            dw[j] += to_f64(g[j]) * hhat  # (8)
+            acc[lane] += _dxhat_h(g1[j], w[j], x1[j], r1[j], like, 0)  # the next row's
     for lane in range(n - n64):
         j = n64 + lane
-        _add_dh(dy3, dro3, has_dro, x3, r3, rounded, b, i, j, w, rstd_s, rstd_s, 0, c, dx3, dr3,
-                dw_parts, p)
-        acc[lane] += _dxhat_h(dy3, x3, r3, b1, i1, j, rounded, w, 0)
+        hhat = _h_of(x[j], r[j], like) * rstd_s
+        dh = _add_dh(g[j], hhat, w[j], rstd_s, c, dro[j], has_dro)
+        dx[j] = from_f64(dh, dx3)
+        dr[j] = from_f64(dh, dr3)
+        dw[j] += to_f64(g[j]) * hhat
+        acc[lane] += _dxhat_h(g1[j], w[j], x1[j], r1[j], like, 0)
     return _lane_tree(acc)
 
 
 @njit(**_INL)
-def _add_bwd_pipelined_rows(dy3, dro3, has_dro, x3, r3, rounded, w, rstd_in, dx3, dr3,
+def _add_bwd_pipelined_rows(dy3, dro3, has_dro, x3, r3, like, w, rstd_in, dx3, dr3,
                             dw_parts, t0, t1):
     """The common call (a saved rstd in range, a weight), as ``_rms_bwd_pipelined``: every row
     of a part through one loop that writes row r's dh while summing row r + 1's Σ dxhat·h (the
-    part's last row sums itself again, unused). Inlined with ``rounded`` and ``has_dro``
-    constants."""
+    part's last row sums itself again, unused). Inlined with ``has_dro`` a constant."""
     nr = x3.shape[1]
     m = x3.shape[0] * nr
     for p in range(t0, t1):  # this call's share of the tasks (``_launch``)
@@ -937,78 +952,50 @@ def _add_bwd_pipelined_rows(dy3, dro3, has_dro, x3, r3, rounded, w, rstd_in, dx3
         r1 = min(m, r0 + ROWS_PER_PART)
         if r1 <= r0:  # an empty batch still has one (zeroed) part
             continue
-        s = _add_dot(dy3, x3, r3, r0 // nr, r0 % nr, rounded, w, 0)  # the first row's
+        s = _add_dot(dy3, x3, r3, r0 // nr, r0 % nr, like, w, 0)  # the first row's
         for r in range(r0, r1):
             b, i = r // nr, r % nr
             rn = min(r + 1, r1 - 1)  # the row summed while row r is written
             rstd_s = rstd_in[r]
-            c = _add_coef(s, dy3, x3, r3, b, i, rounded, w, rstd_s, 0)  # (6)
-            s = _add_dh_and_dot(dy3, dro3, has_dro, x3, r3, rounded, b, i, w, rstd_s, c, dx3,
+            c = _add_coef(s, dy3, x3, r3, b, i, like, w, rstd_s, 0)  # (6)
+            s = _add_dh_and_dot(dy3, dro3, has_dro, x3, r3, like, b, i, w, rstd_s, c, dx3,
                                 dr3, dw_parts, p, rn // nr, rn % nr)
 
 
 @njit(**_PAR)
-def _add_rms_bwd_sum(dy3, dro3, has_dro, x3, r3, w, eps, has_rstd, rstd_in, dx3, dr3, dw_parts,
-                     t0, t1):
-    if has_dro:  # a constant in each inlined copy, as rounded is in each kernel
-        _add_bwd_rows(dy3, dro3, True, x3, r3, False, w, eps, has_rstd, rstd_in, dx3, dr3,
+def _add_rms_bwd(dy3, dro3, has_dro, x3, r3, like, w, eps, has_rstd, rstd_in, dx3, dr3,
+                 dw_parts, t0, t1):
+    """The general backward (``like`` as in ``_add_rms_fwd``: one compiled copy each)."""
+    if has_dro:  # a constant in each inlined copy
+        _add_bwd_rows(dy3, dro3, True, x3, r3, like, w, eps, has_rstd, rstd_in, dx3, dr3,
                       dw_parts, t0, t1)
     else:
-        _add_bwd_rows(dy3, dro3, False, x3, r3, False, w, eps, has_rstd, rstd_in, dx3, dr3,
-                      dw_parts, t0, t1)
-
-
-@njit(**_PAR)
-def _add_rms_bwd_rounded(dy3, dro3, has_dro, x3, r3, w, eps, has_rstd, rstd_in, dx3, dr3,
-                         dw_parts, t0, t1):
-    if has_dro:
-        _add_bwd_rows(dy3, dro3, True, x3, r3, True, w, eps, has_rstd, rstd_in, dx3, dr3,
-                      dw_parts, t0, t1)
-    else:
-        _add_bwd_rows(dy3, dro3, False, x3, r3, True, w, eps, has_rstd, rstd_in, dx3, dr3,
+        _add_bwd_rows(dy3, dro3, False, x3, r3, like, w, eps, has_rstd, rstd_in, dx3, dr3,
                       dw_parts, t0, t1)
 
 
 @njit(**_PAR)
-def _add_rms_bwd_pipelined_sum(dy3, dro3, has_dro, x3, r3, w, rstd_in, dx3, dr3, dw_parts, t0,
-                               t1):
+def _add_rms_bwd_pipelined(dy3, dro3, has_dro, x3, r3, like, w, rstd_in, dx3, dr3, dw_parts,
+                           t0, t1):
+    """The pipelined backward (a saved rstd in range, a weight)."""
     if has_dro:
-        _add_bwd_pipelined_rows(dy3, dro3, True, x3, r3, False, w, rstd_in, dx3, dr3, dw_parts,
+        _add_bwd_pipelined_rows(dy3, dro3, True, x3, r3, like, w, rstd_in, dx3, dr3, dw_parts,
                                 t0, t1)
     else:
-        _add_bwd_pipelined_rows(dy3, dro3, False, x3, r3, False, w, rstd_in, dx3, dr3, dw_parts,
+        _add_bwd_pipelined_rows(dy3, dro3, False, x3, r3, like, w, rstd_in, dx3, dr3, dw_parts,
                                 t0, t1)
 
 
-@njit(**_PAR)
-def _add_rms_bwd_pipelined_rounded(dy3, dro3, has_dro, x3, r3, w, rstd_in, dx3, dr3, dw_parts,
-                                   t0, t1):
-    if has_dro:
-        _add_bwd_pipelined_rows(dy3, dro3, True, x3, r3, True, w, rstd_in, dx3, dr3, dw_parts,
-                                t0, t1)
-    else:
-        _add_bwd_pipelined_rows(dy3, dro3, False, x3, r3, True, w, rstd_in, dx3, dr3, dw_parts,
-                                t0, t1)
-
-
-#: (general, pipelined) backward kernels for each value of ``rounded`` (h = x + r in float64,
-#: or rounded to x's dtype), each compiled on its first call; each inlines its rows twice, for
-#: a dresidual_out and without one. A branch on a run-time flag inside the element loops kept
-#: them from vectorising (47 ns per element instead of 4.7 in cache).
-_ADD_BWD = {False: (_add_rms_bwd_sum, _add_rms_bwd_pipelined_sum),
-            True: (_add_rms_bwd_rounded, _add_rms_bwd_pipelined_rounded)}
-
-
-def _add_rms_bwd_any(dy3, dro3, has_dro, x3, r3, rounded, w, eps, has_rstd, rstd_in, dx3, dr3,
+def _add_rms_bwd_any(dy3, dro3, has_dro, x3, r3, like, w, eps, has_rstd, rstd_in, dx3, dr3,
                      dw_parts, t0, t1):
     """A saved rstd in the range of unscaled sums runs the pipelined kernel, every other call
     the general one (as ``_rms_bwd_v5``)."""
-    general, pipelined = _ADD_BWD[rounded]
     if has_rstd and _saved_rstd_in_range(rstd_in):
-        pipelined(dy3, dro3, has_dro, x3, r3, w, rstd_in, dx3, dr3, dw_parts, t0, t1)
+        _add_rms_bwd_pipelined(dy3, dro3, has_dro, x3, r3, like, w, rstd_in, dx3, dr3, dw_parts,
+                               t0, t1)
     else:
-        general(dy3, dro3, has_dro, x3, r3, w, eps, has_rstd, rstd_in, dx3, dr3, dw_parts, t0,
-                t1)
+        _add_rms_bwd(dy3, dro3, has_dro, x3, r3, like, w, eps, has_rstd, rstd_in, dx3, dr3,
+                     dw_parts, t0, t1)
 
 
 # ============================================================================================
@@ -1645,7 +1632,8 @@ def add_rms_norm_forward(
     new_res = np.empty(x.shape, res.dtype)
     x3, r3, y3, nr3 = _rows3([_bits(x), _bits(res), _bits(y), _bits(new_res)], len(shape))
     rstd = np.empty(x3.shape[0] * x3.shape[1], _stat_dtype(x.dtype))
-    _launch(_ADD_FWD[rounded], -(-rstd.size // ROWS_PER_BLOCK), x.size, x3, r3, w, eps, y3,
+    like = x3 if rounded else None  # the array whose dtype h is rounded to, or none
+    _launch(_add_rms_fwd, -(-rstd.size // ROWS_PER_BLOCK), x.size, x3, r3, like, w, eps, y3,
             nr3, rstd)
     return y, new_res, rstd.reshape(stat_shape(x, shape))
 
@@ -1725,7 +1713,8 @@ def add_rms_norm_backward(
     nparts = _n_parts(m)
     dw_parts = np.empty((nparts, n))  # summed with or without a weight (no branch per element)
     has_rstd = saved is not None
-    _launch(_add_rms_bwd_any, nparts, x.size, dy3, dro3, has_dro, x3, r3, rounded, w, eps,
+    like = x3 if rounded else None  # as in add_rms_norm_forward
+    _launch(_add_rms_bwd_any, nparts, x.size, dy3, dro3, has_dro, x3, r3, like, w, eps,
             has_rstd, saved if has_rstd else w, dx3, dr3, dw_parts)
     return AddRMSNormGrads(dx, dres, _param_grad(dw_parts, w_arr, shape))
 
