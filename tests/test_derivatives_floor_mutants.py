@@ -327,3 +327,394 @@ def test_finite_difference_points_keep_the_input_dtype():
     new, taken = _fd_point([x], {0: np.array([1.0, -1.0])}, 2.0**-10)
     assert new[0].dtype == np.float32
     np.testing.assert_array_equal(taken[0], new[0].astype(np.float64) - x)
+
+
+# ------------------------------------------------------------------------------------------------
+# the complex step
+# ------------------------------------------------------------------------------------------------
+
+
+def test_a_forward_that_warns_of_something_else_is_still_complex_stepped():
+    def forward(x):
+        warnings.warn("an unrelated notice", UserWarning, stacklevel=1)
+        return x * x
+
+    with pytest.warns(UserWarning):
+        r = gradcheck(forward, lambda dy, x: (2 * x * dy,), [np.linspace(0.5, 2.0, 8)],
+                      second_order=False)
+    assert r and r.method == "complex", r.report()
+
+
+def test_why_the_complex_step_is_unusable_names_the_forward_s_error_or_dtype():
+    def raises(x):
+        if np.iscomplexobj(x):
+            raise ValueError("real input only")
+        return x * x
+
+    def real_out(x):
+        return np.real(x * x)
+
+    backward = lambda dy, x: (2 * x * dy,)  # noqa: E731
+    x = [np.linspace(0.5, 2.0, 8)]
+    r = gradcheck(raises, backward, x, second_order=False)
+    assert r.method == "richardson" and "it raised ValueError: real input only" in r.notes[0]
+    r = gradcheck(real_out, backward, x, second_order=False)
+    assert r.method == "richardson"
+    assert "it returned dtype float64 for complex input" in r.notes[0]
+
+
+def test_a_complex_step_beyond_float64_is_inf_and_silent():
+    F = _fn(lambda x: (1e308 * x,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        jv = _complex_step(F, [np.array([1.0])], {0: np.array([4.0])})
+    assert jv[0][0] == np.inf
+
+
+# ------------------------------------------------------------------------------------------------
+# _Worst: the worst comparison of a check
+# ------------------------------------------------------------------------------------------------
+
+
+def test_a_check_with_no_comparison_is_skipped_and_says_why():
+    c = _Worst().result("vjp", "x")
+    assert (c.name, c.input, c.passed) == ("vjp", "x", None)
+    assert c.note == ("skipped: its scale overflows or underflows float64 at this point "
+                      "(rescale the inputs)")
+
+
+def test_the_worst_reports_error_and_tolerance_relative_to_its_scale():
+    w = _Worst()
+    w.add(1.0, 4.0, 2.0, index=0)
+    w.add(3.0, 8.0, 2.0, index=1)  # ratio 1.5: the worst
+    w.add(0.5, 1.0, 1.0, index=2)
+    assert w.index == 1
+    c = w.result("jvp", "w")
+    assert (c.passed, c.ratio, c.observed, c.tolerance) == (False, 1.5, 3.0 / 8, 2.0 / 8)
+
+
+def test_of_equally_bad_comparisons_the_first_is_reported():
+    w = _Worst()
+    w.add(1.0, 1.0, 2.0, index=0)
+    w.add(2.0, 1.0, 4.0, index=1)
+    assert w.index == 0 and w.result("vjp", None).observed == 1.0
+
+
+def test_a_zero_scale_reports_the_error_as_it_is():
+    w = _Worst()
+    w.add(0.5, 0.0, 1.0)
+    c = w.result("vjp", None)
+    assert (c.observed, c.tolerance, c.ratio) == (0.5, 1.0, 0.5)
+
+
+def test_a_ratio_of_exactly_one_passes_and_one_and_a_half_fails():
+    w = _Worst()
+    w.add(1.0, 1.0, 1.0)
+    assert w.result("vjp", None).passed is True
+    w.add(1.5, 1.0, 1.0)
+    assert w.result("vjp", None).passed is False
+
+
+def test_comparisons_on_a_subnormal_scale_are_counted_apart():
+    sub = 2.0**-1022 / 2.0**-53  # below it, the terms of the comparison are subnormal
+    w = _Worst()
+    w.add(0.0, 1e-300, 1e-310)
+    w.add(0.0, 1e-300, 1e-300)
+    assert w.result("vjp", None).passed is None
+    w.add(0.0, sub, sub)  # at the boundary the terms are normal: judged
+    c = w.result("vjp", None)
+    assert c.passed is True
+    assert c.note == "2 comparison(s) skipped: scale out of float64's normal range"
+
+
+# ------------------------------------------------------------------------------------------------
+# GradcheckResult.max_ratio, WorstEntry.to_dict
+# ------------------------------------------------------------------------------------------------
+
+
+def test_max_ratio_is_over_the_checks_that_ran_of_the_name_given():
+    checks = [CheckResult("vjp", "x", True, ratio=0.5), CheckResult("vjp", "w", False, ratio=3.0),
+              CheckResult("jvp", "x", True, ratio=0.25),
+              CheckResult("second_order", None, None, ratio=7.0)]
+    r = GradcheckResult(checks, "complex", [], {}, {})
+    assert r.max_ratio() == 3.0
+    assert r.max_ratio("jvp") == 0.25
+    assert r.max_ratio("second_order") == 0.0  # skipped: nothing ran
+    assert GradcheckResult([], "complex", [], {}, {}).max_ratio() == 0.0
+
+
+def test_a_jacobian_entry_s_dict_names_its_output_index():
+    w = WorstEntry((3,), (1, 2), 1.0, 2.0, 1.0, 0.5)
+    assert w.to_dict()["output_index"] == [1, 2]
+    assert WorstEntry((3,), None, 1.0, 2.0, 1.0, 0.5).to_dict()["output_index"] is None
+
+
+# ------------------------------------------------------------------------------------------------
+# the checker: method, notes, localisation, reentrancy
+# ------------------------------------------------------------------------------------------------
+SQUARE_BACKWARD = lambda dy, x: (2 * x * dy,)  # noqa: E731
+XS = np.linspace(0.5, 2.0, 8)
+
+
+def test_a_requested_finite_difference_method_is_kept_without_a_holomorphy_test():
+    """abs is not holomorphic, but central differences were asked for: nothing is complex."""
+    r = gradcheck(lambda x: np.abs(x) * x, SQUARE_BACKWARD, [XS], method="central",
+                  second_order=False)
+    assert r and r.method == "central" and not r.notes, r.report()
+    assert r.evaluations.get("forward_complex", 0) == 0
+
+
+def test_the_fallback_note_says_where_it_falls_back_to():
+    r = gradcheck(lambda x: np.abs(x) * x, SQUARE_BACKWARD, [XS], second_order=False)
+    assert r.method == "richardson"
+    assert r.notes[0].endswith("; falling back to Richardson extrapolation")
+
+
+def test_a_none_gradient_is_checked_and_the_check_says_so():
+    def backward(dy, x, w):
+        return 2 * dy, None
+
+    r = gradcheck(lambda x, w: 2 * x, backward, [XS, XS.copy()], n_directions=1,
+                  second_order=False)
+    assert r, r.report()
+    assert r.check("vjp", "input1").note == ("backward returned None: checked that the output "
+                                             "does not depend on it")
+    assert r.check("vjp", "input0").note == ""
+
+
+# dx off by δ in every entry of 64: each entry alone is within atol = 2δ, their sum is not.
+DELTA = 1e-3
+
+
+def test_an_error_spread_thinly_is_not_localised_and_the_note_says_so():
+    r = gradcheck(lambda x: x, lambda dy, x: (dy + DELTA,), [np.ones(64)], atol=2 * DELTA,
+                  second_order=False)
+    c = r.check("vjp", "input0")
+    assert c.passed is False and not c.worst
+    assert re.fullmatch(r"not localised in \d+ evaluations: the error is spread thinly", c.note)
+
+
+def test_a_none_gradient_s_thin_error_keeps_both_notes():
+    r = gradcheck(lambda x, w: x + DELTA * w, lambda dy, x, w: (dy, None),
+                  [np.ones(64), np.ones(64)], atol=5 * DELTA, second_order=False, seed=1)
+    c = r.check("vjp", "input1")
+    assert c.passed is False and not c.worst, r.report()
+    assert re.fullmatch(r"backward returned None: checked that the output does not depend on "
+                        r"it; not localised in \d+ evaluations: the error is spread thinly",
+                        c.note)
+
+
+class _WrongOnCall:
+    """3·dy, except on call number ``bad`` (0-based), where dx[5] is off by 1."""
+
+    def __init__(self, bad: int) -> None:
+        self.calls, self.bad = 0, bad
+
+    def __call__(self, dy, x):
+        g = 3.0 * dy
+        if self.calls == self.bad:
+            g[5] += 1.0
+        self.calls += 1
+        return (g,)
+
+
+def test_the_failing_direction_pair_is_the_one_localised():
+    """Only the third cotangent's gradient is wrong: the search runs along that pair (along the
+    first one it would find nothing)."""
+    x = np.linspace(-1.0, 1.0, 16)
+    r = gradcheck(lambda x: 3.0 * x, _WrongOnCall(2), [x], second_order=False,
+                  jvp=lambda inputs, tangents: 3.0 * tangents[0])
+    for name in ("vjp", "jvp"):
+        c = r.check(name, "input0")
+        assert c.passed is False and [w.input_index for w in c.worst] == [(5,)], r.report()
+
+
+def test_the_jvp_gets_tangents_of_the_inputs_dtype():
+    seen = []
+
+    def jvp(inputs, tangents):
+        seen.append(tangents[0].dtype)
+        return 2 * inputs[0] * tangents[0]
+
+    x = np.linspace(0.5, 2.0, 8).astype(np.float32)
+    r = gradcheck(lambda x: x * x, lambda dy, x: ((2 * x * dy).astype(x.dtype),), [x], jvp=jvp,
+                  second_order=False)
+    assert r, r.report()
+    assert seen and set(seen) == {np.dtype(np.float32)}
+
+
+def test_the_same_nan_bits_twice_are_reentrant():
+    """A NaN gradient fails the comparisons but is the same both times; so is a constant input
+    holding a NaN that nobody touches."""
+    def backward(dy, x, c):
+        g = 2 * x * dy
+        g[0] = np.nan
+        return g, None
+
+    c = np.array([np.nan, 1.0])
+    r = gradcheck(lambda x, c: x * x, backward, [XS, c], wrt=[0], second_order=False)
+    assert r.check("reentrancy").passed is True, r.report()
+    assert r.check("vjp").passed is False
+
+
+def test_each_reentrancy_problem_is_counted_and_named():
+    def backward(dy, x, c):
+        dy[0] += 1.0
+        c[0] += 1.0
+        return 2 * x * dy, None
+
+    r = gradcheck(lambda x, c: x * x, backward, [XS, np.zeros(2)], wrt=[0],
+                  second_order=False, names=["x", "c"])
+    c = r.check("reentrancy")
+    assert (c.passed, c.observed, c.tolerance, c.ratio) == (False, 2.0, 0.0, math.inf)
+    assert c.note == "the backward modified its dy in place; c: the input was modified in place"
+
+
+def test_the_holomorphy_probe_moves_each_element_relative_to_itself():
+    """RMSNorm rows at 1 and at 1e-8 (eps = 1e-30): a probe step on the scale of the largest
+    element would carry the small row far across itself and the holomorphic forward would be
+    taken for a non-holomorphic one."""
+    p = oracle_problem("rms_norm", (2, 16), eps=1e-30)
+    x = p.inputs[0].copy()
+    x[1] *= 1e-8
+    r = gradcheck(p.forward, p.backward, [x, *p.inputs[1:]], names=p.names, second_order=False)
+    assert r and r.method == "complex" and not r.notes, r.report()
+
+
+
+# ------------------------------------------------------------------------------------------------
+# second order
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("n", "D"), [(4096, 1), (4095, 3), (4096, 5)])
+def test_second_order_evaluation_counts_follow_the_module_docstring(n, D):
+    """K = 1 input (x, shaped like the output), D directions, P = ceil(D/2) pairs, T = 3 draws
+    of the dependence probe below 4096 elements and 1 from 4096 on."""
+    p = oracle_problem("rms_norm", (1, n), weight=False)
+    r = p.check(n_directions=D)
+    assert r, r.report()
+    K, P, T = 1, math.ceil(D / 2), (3 if n < 4096 else 1)
+    c = r.evaluations
+    assert c["backward"] == (D + 1) + (1 + 4 + 2 * K * T)
+    assert c["backward_complex"] == 1 + 2 * P + (K + 1) * P
+    assert c["forward_complex"] == 1 + K * D + (1 + 6 * P)
+    assert c["double_backward"] == (K + 1) * P
+
+
+def _abs_weight_backward(dy, x, w):
+    """The gradients of w·x², dx through |w| (equal at w > 0, not holomorphic in w)."""
+    return 2 * x * np.abs(w) * dy, x * x * dy
+
+
+def test_a_backward_not_holomorphic_in_its_second_input_skips_the_second_order_checks():
+    inputs = [XS, np.linspace(1.0, 2.0, 8)]
+    r = gradcheck(lambda x, w: w * x * x, _abs_weight_backward, inputs)
+    assert r, r.report()
+    c = r.check("second_order")
+    assert c.passed is None and c.note.startswith("the backward cannot be complex-stepped: ")
+    assert r.notes == [f"second-order checks skipped: {c.note}"]
+    asked = gradcheck(lambda x, w: w * x * x, _abs_weight_backward, inputs, second_order=True)
+    c = asked.check("second_order")
+    assert (c.passed, c.observed, c.tolerance, c.ratio) == (False, math.inf, 0.0, math.inf)
+
+
+def test_second_order_checks_name_what_they_compared():
+    r = oracle_problem("rms_norm", (2, 8)).check()
+    c = r.check("second_order")
+    assert c.passed and c.input is None
+    assert c.note == "⟨v1, H v2⟩ from the backward vs d/ds of the forward's JVP"
+    fd = oracle_problem("rms_norm", (2, 8)).check(method="central")
+    c = fd.check("second_order")
+    assert c.passed is None and c.input is None
+    assert c.note == "needs a complex-step forward (the nested finite difference is too coarse)"
+    assert fd.check("hessian_symmetry").passed
+
+
+def test_atol_widens_every_second_order_comparison():
+    r = oracle_problem("rms_norm", (2, 8)).check(atol=1.0)
+    for name in ("hessian_symmetry", "second_order", "double_backward"):
+        assert r.check(name).passed and r.max_ratio(name) < 1e-3, r.report()
+
+
+# A Hessian error S that a constant direction cannot see: skew, and every row and column sums
+# to 0 (⟨1, S v⟩ = ⟨Sᵀ1, v⟩ = 0). With |x| = 1 everywhere, a relative direction c·|x| is constant
+# too; only directions drawn elementwise catch it.
+SKEW = np.array([[0.0, 1, 0, -1], [-1, 0, 1, 0], [0, -1, 0, 1], [1, 0, -1, 0]])
+XPM = np.array([1.0, -1.0, 1.0, -1.0])
+
+
+def test_an_asymmetric_hessian_invisible_along_constant_directions_is_caught():
+    def forward(x):
+        return np.atleast_1d(0.5 * x @ x)
+
+    def backward(dy, x):
+        return (dy * (x + SKEW @ x),)
+
+    r = gradcheck(forward, backward, [XPM])
+    assert r.check("hessian_symmetry").passed is False, r.report()
+    assert r.check("second_order").passed is False
+
+
+def test_a_double_backward_wrong_only_off_the_constant_direction_is_caught():
+    def forward(x):
+        return np.atleast_1d(0.5 * x @ x)
+
+    def backward(dy, x):
+        return (dy * x,)
+
+    def double_backward(dd, dy, x):
+        (ddx,) = dd
+        return np.atleast_1d(np.sum(ddx * x)), dy * (ddx + SKEW @ ddx)
+
+    r = gradcheck(forward, backward, [XPM], double_backward=double_backward)
+    assert r.check("double_backward", "input0").passed is False, r.report()
+    assert r.check("double_backward", "dy").passed
+
+
+def test_a_none_from_the_double_backward_for_an_unused_output_counts_as_zero():
+    """The second output is a constant: no gradient depends on its cotangent."""
+    c = np.array([1.0, 2.0])
+
+    def forward(x):
+        return x * x, c
+
+    def backward(dys, x):
+        return (2 * x * dys[0],)
+
+    def double_backward(dd, dys, x):
+        (ddx,) = dd
+        return (2 * x * ddx, None), 2 * dys[0] * ddx
+
+    r = gradcheck(forward, backward, [XS], double_backward=double_backward)
+    assert r and r.check("double_backward", "dy").passed, r.report()
+
+
+def test_the_dependence_probe_raises_no_warning_from_the_user_s_overflows():
+    """The probe evaluates the backward at values up to ~2^62 in float32, where x³ overflows;
+    those are the probe's business, not the user's."""
+    x = np.linspace(0.5, 2.0, 8).astype(np.float32)
+
+    def backward(dy, x):
+        return ((x * x * x * dy).astype(x.dtype),)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = gradcheck(lambda x: x**4 / 4, backward, [x])
+    assert r, r.report()
+
+
+def test_the_second_directional_derivative_and_its_rounding_estimate():
+    """φ(s) = ⟨u, J(x + s·v2)·v1⟩ for F = (x², 3x) is linear in s, with every value a short
+    binary fraction: d/ds = Σ 2·u₁·v1·v2 exactly, the Romberg entries agree, and the estimate is
+    its rounding part alone, 2·16·u·mag/(s0/4) with s0 = 2^-8 and mag the largest
+    Σ|u₁|·max(|φ terms at ±s|) -- the linear output 3x does not move with s and is left out."""
+    F = _fn(lambda x: (x * x, 3.0 * x))
+    x = np.array([1.0, 2.0])
+    v1, v2 = {0: np.array([1.0, -1.0])}, {0: np.array([0.5, 1.0])}
+    u = [np.array([2.0**-4, 2.0**-6]), np.array([1.0, 1.0])]
+    T2, est = _second_directional(F, [x], [0], u, v1, v2, U64)
+    assert T2 == 2 * (2.0**-4 * 0.5 - 2.0**-6 * 1.0)
+    s0 = 2.0**-8
+    mag = 2.0**-4 * 2 * (1 + s0 * 0.5) + 2.0**-6 * 2 * (2 + s0 * 1.0)
+    assert est == pytest.approx(2 * 16 * U64 * mag / (s0 / 4), rel=1e-12)
