@@ -69,7 +69,7 @@ def test_the_first_order_floor_is_the_secant_over_the_clipped_input():
     d = np.abs(3.0 * X4 + np.sum(X4))  # [2.5, 6.5, 1.0, 0.5]
     assert np.array_equal(_secant(COUPLED, [X4, W1], 0)[0], d)
     expected = float(np.sum(np.abs(u[0]) * d * np.abs(v) / _clip(X4)))
-    assert floor.first(0, u, v) == pytest.approx(expected, rel=1e-15)
+    assert floor.first(0, u, v) == pytest.approx(expected, rel=1e-15, abs=0)
     # the zero entry alone: |u_3|·d_3·|v_3| / (2^-26·max|x|) = 3 · 0.5 · 2^-20 · 2^25
     assert floor.first(0, u, v * (np.arange(4) == 3)) == pytest.approx(3 * 0.5 * 2.0**5)
     # the weight is shaped like no output: no floor of its own
@@ -84,7 +84,7 @@ def test_a_secant_within_the_rounding_of_y_minus_y0_counts_as_zero():
     floor = _Floor(F, [x], F([x]), [0])
     u = [np.ones(2)]
     assert floor.first(0, u, np.array([1.0, 0.0])) == 0.0
-    assert floor.first(0, u, np.array([0.0, 1.0])) == pytest.approx(1.0, rel=1e-15)
+    assert floor.first(0, u, np.array([0.0, 1.0])) == pytest.approx(1.0, rel=1e-15, abs=0)
 
 
 def test_the_rounding_of_a_float32_secant_is_float32_s():
@@ -94,7 +94,8 @@ def test_the_rounding_of_a_float32_secant_is_float32_s():
     x = np.array([2.0**-22, 1.0], np.float32)
     floor = _Floor(F, [x], F([x]), [0])
     assert floor.first(0, [np.ones(2)], np.array([1.0, 0.0])) == 0.0
-    assert floor.first(0, [np.ones(2)], np.array([0.0, 1.0])) == pytest.approx(1.0, rel=1e-15)
+    assert floor.first(0, [np.ones(2)], np.array([0.0, 1.0])) == pytest.approx(1.0, rel=1e-15,
+                                                                               abs=0)
 
 
 def test_a_float32_secant_and_input_are_taken_in_float64():
@@ -103,7 +104,8 @@ def test_a_float32_secant_and_input_are_taken_in_float64():
     F = _fn(lambda x: (x + np.float32(2.0**-25),))
     x = np.array([3.0], np.float32)
     floor = _Floor(F, [x], F([x]), [0])
-    assert floor.first(0, [np.ones(1)], np.ones(1)) == pytest.approx((3 - 2.0**-25) / 3, rel=1e-16)
+    assert floor.first(0, [np.ones(1)], np.ones(1)) == pytest.approx((3 - 2.0**-25) / 3, rel=1e-15,
+                                                                        abs=0)
 
 
 def test_a_float16_zero_entry_is_clipped_like_any_other():
@@ -128,10 +130,10 @@ def test_a_secant_to_a_non_finite_y0_is_y_itself_and_raises_no_warning():
     u = [np.array([1.0, 2.0])]
     a, b = np.array([1.0, 0.5]), np.array([2.0, 1.0])
     assert floor.first(0, u, a) == pytest.approx(
-        float(np.sum(u[0] * np.abs(y[0]) * a / np.abs(x))), rel=1e-15)
+        float(np.sum(u[0] * np.abs(y[0]) * a / np.abs(x))), rel=1e-15, abs=0)
     # second order: |u|·d·|1 - p|·|a|·|b|/x² with |1 - p| = 1
     assert floor.second(0, u, a, b) == pytest.approx(
-        float(np.sum(u[0] * np.abs(y[0]) * a * b / x**2)), rel=1e-15)
+        float(np.sum(u[0] * np.abs(y[0]) * a * b / x**2)), rel=1e-15, abs=0)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -174,7 +176,7 @@ def test_before_the_radial_derivative_every_output_counts_as_nonlinear():
                                rtol=1e-15)
     a, b = np.full(16, 0.5), np.full(16, 0.25)
     assert floor.second(0, u, a, b) == pytest.approx(
-        float(np.sum(np.abs(u[0]) * d * a * b / XB**2)), rel=1e-14)
+        float(np.sum(np.abs(u[0]) * d * a * b / XB**2)), rel=1e-14, abs=0)
 
 
 def test_a_gradient_of_an_input_shaped_like_no_output_is_its_own_magnitude():
@@ -197,7 +199,7 @@ def test_p_is_the_degree_of_homogeneity_of_each_output():
     u = [np.array([1.0, -2.0, 0.5]), np.array([3.0, 1.0, -1.0])]
     a, b = np.array([1.0, 2.0, -1.0]), np.array([0.5, 1.0, 2.0])
     expected = np.sum(np.abs(u[0]) * np.abs(x) ** 3 * 2 * np.abs(a) * np.abs(b) / x**2)
-    assert floor.second(0, u, a, b) == pytest.approx(float(expected), rel=1e-12)
+    assert floor.second(0, u, a, b) == pytest.approx(float(expected), rel=1e-12, abs=0)
 
 
 def test_an_undefined_p_counts_as_fully_nonlinear():
@@ -208,7 +210,7 @@ def test_an_undefined_p_counts_as_fully_nonlinear():
     floor.set_radial(0, [np.array([np.inf, 3 * 8.0])])
     u = [np.ones(2)]
     assert floor.second(0, u, np.array([1.0, 0.0]), np.ones(2)) == pytest.approx(
-        abs(0.5**3) / 0.5**2, rel=1e-15)
+        abs(0.5**3) / 0.5**2, rel=1e-15, abs=0)
 
 
 def test_the_radial_step_and_the_second_order_floor_warn_of_nothing():
@@ -253,13 +255,13 @@ def test_the_cross_floor_counts_the_pairs_that_involve_an_input_shaped_like_an_o
     scales = {0: 4.0, 1: 3.0, 2: 7.0}
     pairs = [(0, 1), (0, 2), (1, 0), (2, 0)]
     got = floor.cross(a, t, u, g, scales)
-    assert got == pytest.approx(_cross_expected(floor, a, t, u, g, scales, pairs), rel=1e-15)
+    assert got == pytest.approx(_cross_expected(floor, a, t, u, g, scales, pairs), rel=1e-15, abs=0)
     # (w, x) alone: |a_w|·|g_w|·max|t_x|/max|x| = 0.75·5·0.5/4
     assert floor.cross({1: a[1]}, {0: t[0]}, u, g, scales) == pytest.approx(0.75 * 5 * 0.5 / 4)
     # a pair known not to depend is left out, and only that one
     floor.depends[(0, 1)] = False
     assert floor.cross(a, t, u, g, scales) == pytest.approx(
-        _cross_expected(floor, a, t, u, g, scales, pairs[1:]), rel=1e-15)
+        _cross_expected(floor, a, t, u, g, scales, pairs[1:]), rel=1e-15, abs=0)
 
 
 def test_the_cross_floor_of_a_linear_output_is_zero():
@@ -717,4 +719,4 @@ def test_the_second_directional_derivative_and_its_rounding_estimate():
     assert T2 == 2 * (2.0**-4 * 0.5 - 2.0**-6 * 1.0)
     s0 = 2.0**-8
     mag = 2.0**-4 * 2 * (1 + s0 * 0.5) + 2.0**-6 * 2 * (2 + s0 * 1.0)
-    assert est == pytest.approx(2 * 16 * U64 * mag / (s0 / 4), rel=1e-12)
+    assert est == pytest.approx(2 * 16 * U64 * mag / (s0 / 4), rel=1e-12, abs=0)
