@@ -720,3 +720,66 @@ def test_the_second_directional_derivative_and_its_rounding_estimate():
     s0 = 2.0**-8
     mag = 2.0**-4 * 2 * (1 + s0 * 0.5) + 2.0**-6 * 2 * (2 + s0 * 1.0)
     assert est == pytest.approx(2 * 16 * U64 * mag / (s0 / 4), rel=1e-12, abs=0)
+
+
+def test_gradients_that_depend_on_no_input_get_no_second_order_floor():
+    """y = x + c: dx = dy and dc = Σdy depend on neither input (the dependence probe sees the
+    same bits at every point) and y is linear in x (|1 - p| = 0): the floor is exactly 0, and so
+    is every second-order tolerance (the Hessian is exactly 0 too)."""
+    def backward(dy, x, c):
+        return dy, np.atleast_1d(np.sum(dy))
+
+    r = gradcheck(lambda x, c: x + c, backward, [np.linspace(-1.0, 1.0, 8), np.array([0.5])])
+    for name in ("hessian_symmetry", "second_order"):
+        c = r.check(name)
+        assert (c.passed, c.observed, c.tolerance) == (True, 0.0, 0.0), r.report()
+
+
+def test_the_dependence_probe_calls_the_backward_with_the_inputs_dtypes():
+    import ml_dtypes
+
+    for dtype in (np.float32, ml_dtypes.bfloat16):
+        seen = set()
+
+        def backward(dy, x, dtype=dtype, seen=seen):
+            if np.iscomplexobj(x):
+                return (2 * x * dy,)
+            seen.add(x.dtype)
+            return ((2 * x.astype(np.float32) * dy).astype(dtype),)
+
+        x = np.linspace(0.5, 2.0, 8).astype(dtype)
+        r = gradcheck(lambda x: x * x, backward, [x])
+        assert r and r.check("second_order").passed, r.report()
+        assert seen == {np.dtype(dtype)}
+
+
+def test_the_backward_s_holomorphy_probe_moves_each_element_relative_to_itself():
+    """The rows at 1 and 1e-8 of the forward's probe, for the backward: the second-order checks
+    run (a probe on the scale of the largest element would call the backward non-holomorphic)."""
+    p = oracle_problem("rms_norm", (2, 16), eps=1e-30)
+    x = p.inputs[0].copy()
+    x[1] *= 1e-8
+    r = gradcheck(p.forward, p.backward, [x, *p.inputs[1:]], names=p.names)
+    assert r and r.check("hessian_symmetry").passed, r.report()
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_the_dependence_probe_spans_the_range_its_comment_gives(dtype):
+    """The probe draws values from 2^-200 to 2^200 elementwise in float64; in float32 up to
+    2^(128/2 - 2), so that a square stays finite."""
+    seen = []
+
+    def backward(dy, x):
+        if np.iscomplexobj(x):
+            return (2 * x * dy,)
+        seen.append(np.abs(x.astype(np.float64)))
+        return ((2 * x * dy).astype(x.dtype),)
+
+    r = gradcheck(lambda x: x * x, backward, [np.linspace(0.5, 2.0, 8).astype(dtype)])
+    assert r, r.report()
+    top = np.log2(np.max(np.concatenate(seen)))
+    if dtype == np.float64:
+        assert top > 150 and np.log2(np.min(np.concatenate(seen))) < -150
+    else:
+        assert 50 < top < 64
+
