@@ -346,7 +346,8 @@ def _pow2(x: float) -> float:
 
 
 def _relative(v: np.ndarray, x: Any) -> np.ndarray:
-    """v scaled elementwise by |x| (floored at 2^-26·max|x|): a direction for finite differences.
+    """v scaled elementwise by |x| (floored at 2^-26·max|x|, max|x| taken as 1 for an all-zero
+    x): a direction for finite differences.
 
     A finite-difference step must be small relative to each element, not only to the largest: a
     Gaussian direction with a global step moves a tiny element (an RMSNorm row near zero, whose
@@ -358,6 +359,7 @@ def _relative(v: np.ndarray, x: Any) -> np.ndarray:
 
 
 def _scale_of(arrays: Sequence[np.ndarray]) -> float:
+    """The largest finite magnitude in the arrays; 1 where there is none (all zero)."""
     m = 0.0
     for a in arrays:
         a = np.asarray(a, dtype=np.float64) if a.dtype.kind != "c" else np.abs(a)
@@ -615,10 +617,11 @@ class _Floor:
     with p_i = (J·x)_i / d_i the local degree of homogeneity, from one complex step along x
     itself: 0 for a scale-invariant normalisation (second-order terms of size d/x² that cancel),
     1 where eps dominates and the function is linear (second-order terms tiny: d/x² would
-    inflate the tolerance by ~1/eps). A d within the rounding of y − y(0) counts as 0 (a bias
-    that swallows the normalised part). A gradient g_k of an input shaped like an output is
-    modelled as Σ|u|·d·|1 − p|/|x_k| (its part that can change), any other gradient by its own
-    |g_k|, and its change along another input m as that times max|t|/max|x_m|, for the pairs
+    inflate the tolerance by ~1/eps). A d within the rounding of y − y(0), 4u·(|y| + |y(0)|),
+    counts as 0 (a bias that swallows the normalised part). A gradient g_k of an input shaped
+    like an output is modelled as Σ|u|·d·|1 − p|/|x_k| (its part that can change), any other
+    gradient by its own |g_k|, and its change along another input m as that times
+    max|t|/max|x_m|, for the pairs
     where g_k depends on x_m at all (tested by bits at random points: dbias does not depend on
     x). Inputs shaped like no output (weight, bias) get no floor of their own: their derivatives
     are not formed by cancellation in normalisations. The floor is added to the scale, so it
@@ -667,7 +670,8 @@ class _Floor:
         """Store |1 − p| from J·x_k (the derivative along x_k itself) for the second order.
 
         p is known only to the relative rounding of d; |1 − p| is reduced by that uncertainty
-        so that a linear function seen through a large bias does not look nonlinear."""
+        so that a linear function seen through a large bias does not look nonlinear. Where p is
+        undefined (d = 0, or J·x not finite) |1 − p| is taken as 1."""
         for o in self.match.get(k, []):
             d = self.d[(k, o)]
             with np.errstate(divide="ignore", invalid="ignore"):
