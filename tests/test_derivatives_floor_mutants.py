@@ -783,3 +783,43 @@ def test_the_dependence_probe_spans_the_range_its_comment_gives(dtype):
     else:
         assert 50 < top < 64
 
+
+
+def test_the_floor_of_a_cubic_is_a_third_of_its_second_derivative():
+    """y = x³ at one element: the floor models |∂²y/∂x²| as d/x²·|1 - p| = |x|³/x²·2 = 2|x|
+    against the true 6|x|, and along dy the gradient's size |u|·d/|x| = |u|·x² times
+    |t|/|u| against the true 3x²·|t|. Every second-order comparison is then a single term whose
+    floor is a third of it: tolerance = rtol·(1 + 1/3)."""
+    def backward(dy, x):
+        return (3 * x * x * dy,)
+
+    def double_backward(dd, dy, x):
+        (ddx,) = dd
+        return 3 * x * x * ddx, 6 * x * dy * ddx
+
+    r = gradcheck(lambda x: x**3, backward, [np.array([1.5])], double_backward=double_backward)
+    assert r, r.report()
+    rtol = r.settings["rtol"]
+    for name, input in (("hessian_symmetry", None), ("double_backward", "dy"),
+                        ("double_backward", "input0")):
+        assert r.check(name, input).tolerance == pytest.approx(rtol * 4 / 3, rel=1e-9, abs=0)
+
+
+def test_along_dy_a_gradient_shaped_like_no_output_is_floored_by_its_own_size():
+    """x of shape () and y = (x³,): x is shaped like no output, so its gradient's size is
+    |g| = 3x²·|u| itself, times |t|/|u| along dy -- exactly the one term compared: the tolerance
+    of the double backward along dy is rtol·(1 + 1)."""
+    def forward(x):
+        return np.atleast_1d(x**3)
+
+    def backward(dy, x):
+        return (np.asarray(3 * x * x * dy[0]),)
+
+    def double_backward(dd, dy, x):
+        (ddx,) = dd
+        return np.atleast_1d(3 * x * x * ddx), np.asarray(6 * x * dy[0] * ddx)
+
+    r = gradcheck(forward, backward, [np.array(1.5)], double_backward=double_backward)
+    assert r, r.report()
+    tol = r.check("double_backward", "dy").tolerance
+    assert tol == pytest.approx(2 * r.settings["rtol"], rel=1e-9, abs=0)
