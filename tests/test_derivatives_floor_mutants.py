@@ -823,3 +823,31 @@ def test_along_dy_a_gradient_shaped_like_no_output_is_floored_by_its_own_size():
     assert r, r.report()
     tol = r.check("double_backward", "dy").tolerance
     assert tol == pytest.approx(2 * r.settings["rtol"], rel=1e-9, abs=0)
+
+
+def test_a_gradient_that_moves_with_another_input_gets_the_cross_floor():
+    """y = w·x with x of shape (1,) (shaped like y, linear in it: no floor of its own) and w of
+    shape (): dw = u·x moves with x (the probe sees it), so ⟨v, H v'⟩ = u·(v_x v'_w + v_w v'_x)
+    gets the cross floor |u|·(|v_w|·|v'_x| + |v'_w|·|v_x|), half the scale of the two sums."""
+    def backward(dy, x, w):
+        return w * dy, np.asarray(np.sum(dy * x))
+
+    r = gradcheck(lambda x, w: w * x, backward, [np.array([1.5]), np.array(0.75)])
+    assert r, r.report()
+    tol = r.check("hessian_symmetry").tolerance
+    assert tol == pytest.approx(1.5 * r.settings["rtol"], rel=1e-9, abs=0)
+
+
+def test_the_radial_step_of_a_tiny_float32_input_is_taken_in_float64():
+    """y = x + c in float32 at 1e-16: the step along x itself, h·x ~ 1e-46, exists in float64
+    but not in float32; taken in float64 it shows y linear in x (no floor, tolerances 0)."""
+    def backward(dy, x, c):
+        if np.iscomplexobj(x):
+            return dy, np.atleast_1d(np.sum(dy))
+        return dy.astype(x.dtype), np.atleast_1d(np.sum(dy)).astype(x.dtype)
+
+    x = (1e-16 * np.linspace(-1.0, 1.0, 8)).astype(np.float32)
+    c = np.array([1e-16], np.float32)
+    r = gradcheck(lambda x, c: x + c, backward, [x, c])
+    for name in ("hessian_symmetry", "second_order"):
+        assert r.check(name).tolerance == 0.0, r.report()
