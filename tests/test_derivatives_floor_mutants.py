@@ -765,18 +765,20 @@ def test_the_backward_s_holomorphy_probe_moves_each_element_relative_to_itself()
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_the_dependence_probe_spans_the_range_its_comment_gives(dtype):
-    """The probe draws values from 2^-200 to 2^200 elementwise in float64; in float32 up to
-    2^(128/2 - 2), so that a square stays finite."""
+    """The probe draws values elementwise, of either sign, from 2^-200 to 2^200 in float64; in
+    float32 up to 2^(128/2 - 2), so that a square stays finite. (The point itself is > 0.)"""
     seen = []
 
     def backward(dy, x):
         if np.iscomplexobj(x):
             return (2 * x * dy,)
-        seen.append(np.abs(x.astype(np.float64)))
+        seen.append(x.astype(np.float64))
         return ((2 * x * dy).astype(x.dtype),)
 
     r = gradcheck(lambda x: x * x, backward, [np.linspace(0.5, 2.0, 8).astype(dtype)])
     assert r, r.report()
+    assert any(np.any(a > 0) and np.any(a < 0) for a in seen)
+    seen = [np.abs(a) for a in seen]
     top = np.log2(np.max(np.concatenate(seen)))
     if dtype == np.float64:
         assert top > 150 and np.log2(np.min(np.concatenate(seen))) < -150
