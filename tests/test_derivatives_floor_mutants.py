@@ -853,3 +853,16 @@ def test_the_radial_step_of_a_tiny_float32_input_is_taken_in_float64():
     r = gradcheck(lambda x, c: x + c, backward, [x, c])
     for name in ("hessian_symmetry", "second_order"):
         assert r.check(name).tolerance == 0.0, r.report()
+
+
+def test_a_gradient_that_is_nan_at_the_same_probe_points_has_not_moved():
+    """y = x + c again (no floor, Hessian 0), with dc computed as Σdy·c⁸/c⁸: 1 at the point,
+    NaN wherever the probe puts c beyond 2^±128 -- at both values of x alike. Same NaNs, same
+    bits: dc does not depend on x, and the tolerances stay exactly 0."""
+    def backward(dy, x, c):
+        return dy, np.atleast_1d(np.sum(dy)) * c**8 / c**8
+
+    r = gradcheck(lambda x, c: x + c, backward, [np.linspace(-1.0, 1.0, 8), np.array([0.5])])
+    for name in ("hessian_symmetry", "second_order"):
+        c = r.check(name)
+        assert (c.passed, c.observed, c.tolerance) == (True, 0.0, 0.0), r.report()
