@@ -748,7 +748,9 @@ def test_the_dependence_probe_calls_the_backward_with_the_inputs_dtypes():
             return ((2 * x.astype(np.float32) * dy).astype(dtype),)
 
         x = np.linspace(0.5, 2.0, 8).astype(dtype)
-        r = gradcheck(lambda x: x * x, backward, [x])
+        # bfloat16 is checked only with an explicit rtol (8 bits: the default 1024 u is 4)
+        rtol = None if dtype == np.float32 else 2.0**-5
+        r = gradcheck(lambda x: x * x, backward, [x], rtol=rtol)
         assert r and r.check("second_order").passed, r.report()
         assert seen == {np.dtype(dtype)}
 
