@@ -459,12 +459,28 @@ def _complex_args(args: Sequence[Any]) -> list[Any]:
         isinstance(a, np.ndarray) and a.dtype.kind == "c") else a for a in args]
 
 
+#: The smallest imaginary step h·max|v| of a complex step: 2^30 above float64's smallest normal
+#: number, so that h·v_i keeps all its digits for every v_i down to 2^-30 of max|v|.
+_MIN_STEP = 2.0**-992
+#: Below this largest element of an input even _MIN_STEP is not small next to it (2^-40): no
+#: complex step can be taken there.
+_MIN_COMPLEX_SCALE = _MIN_STEP / 2.0**-40
+
+
 def _complex_step(F: Fn, args: Sequence[Any], dirs: dict[int, np.ndarray]) -> list[np.ndarray]:
     """J·v = Im F(args + i·h·v) / h, every floating input promoted to complex128."""
     # h·v_k is at most ~1e-30 of every perturbed input x_k, whatever the scales of v_k and x_k
-    # (the backward's inputs mix dy ~ 1 with x ~ 1e150); a power of two keeps h·v exact. The
-    # O(h²) terms are ~1e-60 relative.
-    h = _pow2(1e-30 * min(_scale_of([args[k]]) / _vmax({k: v}) for k, v in dirs.items()))
+    # (the backward's inputs mix dy ~ 1 with x ~ 1e150), but not below _MIN_STEP: 1e-30 of an
+    # input below ~1e-278 would be subnormal (digits lost: a false alarm on y = 3x at 1e-285)
+    # or zero. A power of two keeps h·v exact. The O(h²) terms are ~1e-60 relative (2^-78 at
+    # worst, at _MIN_COMPLEX_SCALE).
+    scales = {k: _scale_of([args[k]]) for k in dirs}
+    smallest = min(scales.values())
+    if smallest < _MIN_COMPLEX_SCALE:
+        raise NotComplexCapable(
+            f"an input's largest element, {smallest:.2e}, is below {_MIN_COMPLEX_SCALE:.1e}: no "
+            "imaginary step there is both a normal float64 and small next to it")
+    h = _pow2(min(max(1e-30 * scales[k], _MIN_STEP) / _vmax({k: v}) for k, v in dirs.items()))
     cargs = _complex_args(args)
     for k, v in dirs.items():
         cargs[k] = cargs[k] + 1j * h * v

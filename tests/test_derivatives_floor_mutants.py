@@ -868,3 +868,19 @@ def test_a_gradient_that_is_nan_at_the_same_probe_points_has_not_moved():
     for name in ("hessian_symmetry", "second_order"):
         c = r.check(name)
         assert (c.passed, c.observed, c.tolerance) == (True, 0.0, 0.0), r.report()
+
+
+def test_tiny_inputs_get_a_normal_imaginary_step_or_none():
+    """y = 3x near float64's smallest normals: 1e-30 of x would be a subnormal (or zero) step.
+    At 1e-285 the step is kept normal and the complex step is exact; at 1e-296 no step is both
+    normal and small next to x: the forward falls back to Richardson saying why (and the
+    comparison, whose terms are subnormal there, is skipped rather than passed or crashed)."""
+    def backward(dy, x):
+        return (3 * dy,)
+
+    r = gradcheck(lambda x: 3 * x, backward, [1e-285 * XS])
+    assert r and r.method == "complex" and not r.notes, r.report()
+    assert r.max_ratio() < 1e-2
+    r = gradcheck(lambda x: 3 * x, backward, [1e-296 * XS])
+    assert r.method == "richardson" and not r.failures(), r.report()
+    assert "an input's largest element, 2.00e-296, is below 2.6e-287" in r.notes[0]
