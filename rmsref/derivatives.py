@@ -351,7 +351,8 @@ def _pow2(x: float) -> float:
 
 
 def _relative(v: np.ndarray, x: Any) -> np.ndarray:
-    """v scaled elementwise by |x| (floored at 2^-26·max|x|): a direction for finite differences.
+    """v scaled elementwise by |x| (floored at 2^-26·max|x|, max|x| taken as 1 for an all-zero
+    x): a direction for finite differences.
 
     A finite-difference step must be small relative to each element, not only to the largest: a
     Gaussian direction with a global step moves a tiny element (an RMSNorm row near zero, whose
@@ -363,6 +364,7 @@ def _relative(v: np.ndarray, x: Any) -> np.ndarray:
 
 
 def _scale_of(arrays: Sequence[np.ndarray]) -> float:
+    """The largest finite magnitude in the arrays; 1 where there is none (all zero)."""
     m = 0.0
     for a in arrays:
         a = np.asarray(a, dtype=np.float64) if a.dtype.kind != "c" else np.abs(a)
@@ -462,12 +464,28 @@ def _complex_args(args: Sequence[Any]) -> list[Any]:
         isinstance(a, np.ndarray) and a.dtype.kind == "c") else a for a in args]
 
 
+#: The smallest imaginary step h·max|v| of a complex step: 2^30 above float64's smallest normal
+#: number, so that h·v_i keeps all its digits for every v_i down to 2^-30 of max|v|.
+_MIN_STEP = 2.0**-992
+#: Below this largest element of an input even _MIN_STEP is not small next to it (2^-40): no
+#: complex step can be taken there.
+_MIN_COMPLEX_SCALE = _MIN_STEP / 2.0**-40
+
+
 def _complex_step(F: Fn, args: Sequence[Any], dirs: dict[int, np.ndarray]) -> list[np.ndarray]:
     """J·v = Im F(args + i·h·v) / h, every floating input promoted to complex128."""
     # h·v_k is at most ~1e-30 of every perturbed input x_k, whatever the scales of v_k and x_k
-    # (the backward's inputs mix dy ~ 1 with x ~ 1e150); a power of two keeps h·v exact. The
-    # O(h²) terms are ~1e-60 relative.
-    h = _pow2(1e-30 * min(_scale_of([args[k]]) / _vmax({k: v}) for k, v in dirs.items()))
+    # (the backward's inputs mix dy ~ 1 with x ~ 1e150), but not below _MIN_STEP: 1e-30 of an
+    # input below ~1e-278 would be subnormal (digits lost: a false alarm on y = 3x at 1e-285)
+    # or zero. A power of two keeps h·v exact. The O(h²) terms are ~1e-60 relative (2^-78 at
+    # worst, at _MIN_COMPLEX_SCALE).
+    scales = {k: _scale_of([args[k]]) for k in dirs}
+    smallest = min(scales.values())
+    if smallest < _MIN_COMPLEX_SCALE:
+        raise NotComplexCapable(
+            f"an input's largest element, {smallest:.2e}, is below {_MIN_COMPLEX_SCALE:.1e}: no "
+            "imaginary step there is both a normal float64 and small next to it")
+    h = _pow2(min(max(1e-30 * scales[k], _MIN_STEP) / _vmax({k: v}) for k, v in dirs.items()))
     cargs = _complex_args(args)
     for k, v in dirs.items():
         cargs[k] = cargs[k] + 1j * h * v
@@ -620,10 +638,11 @@ class _Floor:
     with p_i = (J·x)_i / d_i the local degree of homogeneity, from one complex step along x
     itself: 0 for a scale-invariant normalisation (second-order terms of size d/x² that cancel),
     1 where eps dominates and the function is linear (second-order terms tiny: d/x² would
-    inflate the tolerance by ~1/eps). A d within the rounding of y − y(0) counts as 0 (a bias
-    that swallows the normalised part). A gradient g_k of an input shaped like an output is
-    modelled as Σ|u|·d·|1 − p|/|x_k| (its part that can change), any other gradient by its own
-    |g_k|, and its change along another input m as that times max|t|/max|x_m|, for the pairs
+    inflate the tolerance by ~1/eps). A d within the rounding of y − y(0), 4u·(|y| + |y(0)|),
+    counts as 0 (a bias that swallows the normalised part). A gradient g_k of an input shaped
+    like an output is modelled as Σ|u|·d·|1 − p|/|x_k| (its part that can change), any other
+    gradient by its own |g_k|, and its change along another input m as that times
+    max|t|/max|x_m|, for the pairs
     where g_k depends on x_m at all (tested by bits at random points: dbias does not depend on
     x). Inputs shaped like no output (weight, bias) get no floor of their own: their derivatives
     are not formed by cancellation in normalisations. The floor is added to the scale, so it
@@ -672,7 +691,8 @@ class _Floor:
         """Store |1 − p| from J·x_k (the derivative along x_k itself) for the second order.
 
         p is known only to the relative rounding of d; |1 − p| is reduced by that uncertainty
-        so that a linear function seen through a large bias does not look nonlinear."""
+        so that a linear function seen through a large bias does not look nonlinear. Where p is
+        undefined (d = 0, or J·x not finite) |1 − p| is taken as 1."""
         for o in self.match.get(k, []):
             d = self.d[(k, o)]
             with np.errstate(divide="ignore", invalid="ignore"):
