@@ -647,9 +647,10 @@ def _sum_parts(parts, out):
 # The rounding of h is chosen by a type, not a flag: ``like`` is None ("fp32-sum") or the x
 # array ("rounded-sum"), and ``_halfbits.rounded_like`` compiles to the identity or to the
 # rounding, so one kernel serves both, compiled once for each. The element loops index their
-# rows (1-D views) themselves, pass values to the helpers and do their own stores: a store
-# inside an inlined helper, or a row and an index passed to the helper that rounds, kept them
-# from vectorising (bench/halfrow.py, float32 in cache: the forward's row 1.3 -> 0.46 ns per
+# rows (1-D views) themselves, pass values to the helpers and do their own stores: an array
+# argument of an inlined per-element helper (a row to store into, or a row and an index to
+# read) costs a reference count update per element and kept the loops from vectorising, as
+# ``_ln_dx`` notes (bench/halfrow.py, float32 in cache: the forward's row 1.3 -> 0.46 ns per
 # element, the backward's 2.2 -> 0.79; bfloat16 3.2 -> 0.75 and 10.4 -> 1.24).
 # A row helper that takes the scale exponent k is compiled twice: inlined for the common row,
 # called with k = 0 (so ``_scaled`` folds away and the loop vectorises), and on its own
