@@ -1181,6 +1181,16 @@ class _Checker:
                                    s.max_worst, functools.partial(self.floor.first, k, self.us[d]))
         return spent
 
+    def not_localised(self, spent: int) -> str:
+        """Why a failing check found no worst entry: the budget ran out (the next block, which
+        costs up to 2 evaluations, would have passed it), or the search ended with no entry or
+        block wrong by more than its own tolerance."""
+        budget = self.settings.localize_budget
+        if spent + 2 > budget:
+            return (f"not localised in {spent} evaluations: localize_budget ({budget}) ran out; "
+                    "a larger one may find the entries")
+        return f"not localised in {spent} evaluations: the error is spread thinly"
+
     def check_vjp(self, vs: dict[int, list[np.ndarray]]) -> None:
         """(a) ⟨u, J v⟩ by the numerical JVP against ⟨backward(u), v⟩, per input."""
         for k in self.diff:
@@ -1198,8 +1208,7 @@ class _Checker:
                 spent = self.localized(c, k, worst.index, functools.partial(
                     _numeric_jvp_of, self.F, self.inputs, k, self.method, self.out_u))
                 if not c.worst:
-                    c.note = (c.note + "; " if c.note else "") + (
-                        f"not localised in {spent} evaluations: the error is spread thinly")
+                    c.note = (c.note + "; " if c.note else "") + self.not_localised(spent)
             self.checks.append(c)
 
     def check_jvp(self, jvp: Callable[..., Any], vs: dict[int, list[np.ndarray]]) -> None:

@@ -201,3 +201,16 @@ def test_a_forward_that_is_nan_at_the_point_is_a_failed_forward_check():
     assert r.evaluations == {"forward": 1}
     assert r.settings == {"rtol": 1e-5, "atol": 1e-9, "seed": 3}
     assert "output 0: 6 NaN/Inf element(s), the first at (0,)" in r.to_dict()["notes"][0]
+
+
+def test_a_localisation_that_runs_out_of_budget_says_so():
+    """dx off by δ in each of 4096 entries (each alone within atol = 2δ): with a budget of 8 the
+    bisection stops at the budget, and the note says that the budget ran out (a larger one may
+    find entries), not that the error is spread thinly, which a search that ended would say."""
+    delta = 1e-3
+    r = gradcheck(lambda x: x, lambda dy, x: (dy + delta,), [np.ones(4096)], atol=2 * delta,
+                  second_order=False, localize_budget=8)
+    c = r.check("vjp", "input0")
+    assert c.passed is False and not c.worst
+    assert c.note == ("not localised in 8 evaluations: localize_budget (8) ran out; a larger "
+                      "one may find the entries")
