@@ -1347,6 +1347,9 @@ def _compare_jacobians(A: np.ndarray, J: np.ndarray, E: np.ndarray | None, rtol:
         zero = tol == 0
         if zero.any():
             ratio[zero] = np.where(err[zero] > 0, np.inf, 0.0)
+        # a NaN entry (a NaN gradient, or inf - inf) fails, as in _ratio: argmax would pick it
+        # and no comparison with it could replace the initial worst
+        ratio[np.isnan(ratio)] = np.inf
         f = int(np.argmax(ratio))
         i, j = np.unravel_index(f, ratio.shape)
         if ratio[i, j] > worst[0]:
@@ -1403,6 +1406,11 @@ def _full_jacobian(checker: _Checker) -> list[CheckResult]:
 
     res = []
     for k in diff:
+        if n_out == 0 or np.size(inputs[k]) == 0:
+            res.append(CheckResult("jacobian", c.names[k], None,
+                                   note=f"skipped: the Jacobian has no entries ({n_out} x "
+                                        f"{np.size(inputs[k])})"))
+            continue
         J, E = _jacobian_columns(c.F, inputs, k, c.method, c.out_u, len(y))
         A = rows[k]
         worst, top, n_bad = _compare_jacobians(A, J, E, c.rtol, c.atol,

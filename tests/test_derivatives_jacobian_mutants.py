@@ -766,3 +766,26 @@ def test_check_oracle_all_walks_the_configurations_with_its_seed_and_options(mon
     # the default seed is 0 and the Jacobian is not built
     for d, r in check_oracle_all(n_directions=1, second_order=False):
         assert "seed=0" in d and r.settings["seed"] == 0 and r.settings["full"] is False
+
+
+# ------------------------------------------------------------------------------------------------
+# two Jacobians that used to be misjudged
+# ------------------------------------------------------------------------------------------------
+def test_a_nan_entry_of_the_vjp_fails_the_jacobian_check():
+    """A NaN in the VJP's matrix: dx = Abᵀ·dy has a NaN at x_2 for every dy (0·NaN is NaN), so
+    column 2 of the rows has NaN ratios, which used to leave the check passed with ratio -1."""
+    r, c = jacobian(with_errors((1, 2, np.nan)))
+    assert (c.passed, c.ratio) == (False, math.inf)
+    assert c.note == "3 of 15 entries out of tolerance"
+    assert sorted(w.output_index for w in c.worst) == [(0,), (1,), (2,)]
+    assert all(w.input_index == (2,) and math.isnan(w.analytic) for w in c.worst)
+
+
+def test_the_jacobian_of_an_empty_input_is_skipped():
+    """An empty batch has no Jacobian entries: the check is skipped, saying so (it used to
+    raise IndexError), and the other checks still decide the verdict."""
+    x = np.zeros((0, 4))
+    r = gradcheck(lambda x: x * x, lambda dy, x: (2 * x * dy,), [x], full=True)
+    c = r.check("jacobian", "input0")
+    assert (c.passed, c.note) == (None, "skipped: the Jacobian has no entries (0 x 0)")
+    assert r, r.report()
