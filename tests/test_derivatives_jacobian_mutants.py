@@ -530,7 +530,10 @@ def test_input_directions_are_gaussian_or_relative_to_x_for_finite_differences(m
 def test_a_none_gradient_of_an_unused_input_passes_with_a_zero_error():
     """y = x² does not depend on w: the check of backward's None for w compares 0 with 0."""
     x, w = np.array([0.5, -1.0, 1.5]), np.array([2.0, 3.0])
-    r = gradcheck(lambda x, w: x * x, lambda dy, x, w: (2 * x * dy, None), [x, w], atol=0.25)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no ComplexWarning from the zeros standing for None
+        r = gradcheck(lambda x, w: x * x, lambda dy, x, w: (2 * x * dy, None), [x, w],
+                      atol=0.25)
     c = r.check("vjp", "input1")
     assert (c.passed, c.observed, c.ratio) == (True, 0.0, 0.0)
     # the tolerance of a check with a zero scale is atol itself
@@ -789,3 +792,48 @@ def test_the_jacobian_of_an_empty_input_is_skipped():
     c = r.check("jacobian", "input0")
     assert (c.passed, c.note) == (None, "skipped: the Jacobian has no entries (0 x 0)")
     assert r, r.report()
+
+
+def test_a_double_backward_may_return_none_for_an_output_the_gradients_ignore():
+    """(1, x²): the backward does not read dy of the constant first output, so the double
+    backward's ddy for it is None (zero); the second output's ddy still counts."""
+    def fwd(x):
+        return 0.0 * x + 1.0, x * x
+
+    def bwd(dys, x):
+        return (2 * x * dys[1],)
+
+    def dbl(dd, dys, x, bug=1.0):
+        (ddx,) = dd
+        return (None, 2 * x * ddx * bug), 2 * dys[1] * ddx
+
+    x = np.array([0.5, -1.0, 1.5])
+    r = gradcheck(fwd, bwd, [x], double_backward=dbl, localize=False)
+    assert r.check("double_backward", "dy").passed, r.report()
+    r = gradcheck(fwd, bwd, [x], double_backward=lambda *a: dbl(*a, bug=1.5), localize=False)
+    assert r.check("double_backward", "dy").passed is False
+
+
+def test_the_second_order_checks_survive_a_backward_that_scribbles_on_its_dy():
+    """The backward zeroes its dy after use: reentrancy says so, and the second-order checks,
+    which hand the backward copies of their cotangents, are still right."""
+    def bwd(dy, x):
+        g = 3 * x * x * dy
+        dy[...] = 0
+        return (g,)
+
+    r = gradcheck(lambda x: x**3, bwd, [np.array([0.5, -1.0, 1.5])], localize=False)
+    assert r.check("reentrancy").note == "the backward modified its dy in place"
+    assert r.check("hessian_symmetry").passed and r.check("second_order").passed, r.report()
+
+
+@pytest.mark.parametrize("method", ["central", "richardson"])
+def test_finite_difference_columns_are_divided_by_the_step_actually_taken(method):
+    """float32 x just below 2: x + h·e_j crosses into [2, 4) and rounds to float32 for three of
+    the five (a step off by ~8e-6 relative). Dividing by the step taken, the columns of a
+    linear map (computed in float64) come out as A to ~1e-12."""
+    x = (1.9999 - 1e-4 * np.arange(5)).astype(np.float32)
+    J, E = derivatives._jacobian_columns(as_F(lambda x: x.astype(np.float64) @ A.T), [x], 0,
+                                         method, 2.0**-24, 1)
+    np.testing.assert_allclose(J, A, rtol=1e-12, atol=1e-12)
+    assert E is not None and E.shape == A.shape
