@@ -837,3 +837,35 @@ def test_finite_difference_columns_are_divided_by_the_step_actually_taken(method
                                          method, 2.0**-24, 1)
     np.testing.assert_allclose(J, A, rtol=1e-12, atol=1e-12)
     assert E is not None and E.shape == A.shape
+
+
+@pytest.mark.parametrize("method", ["central", "richardson"])
+def test_a_finite_difference_column_and_its_error_are_per_unit_of_the_step_taken(method):
+    """Column j and its error estimate are the JVP along e_j and its error, both divided by the
+    step actually taken (v_eff_j, not 1 where x + h rounds in float32)."""
+    x = (1.9999 - 1e-4 * np.arange(5)).astype(np.float32)
+    F = as_F(lambda x: x.astype(np.float64) @ A.T)
+    J, E = derivatives._jacobian_columns(F, [x], 0, method, 2.0**-24, 1)
+    for j in range(5):
+        e = np.zeros(5)
+        e[j] = 1.0
+        jv, v_eff, err = _numeric_jvp(F, [x], {0: e}, method, 2.0**-24)
+        vj = v_eff[0][j]
+        np.testing.assert_allclose(J[:, j], jv[0] / vj, rtol=1e-15)
+        np.testing.assert_allclose(E[:, j], err[0] / abs(vj), rtol=1e-15)
+
+
+@pytest.mark.parametrize("c_h2,detected", [(1 / 24.5, True), (1 / 22, False)])
+def test_a_mismatch_counts_when_above_eight_times_the_central_difference_s_instability(
+        c_h2, detected):
+    """x·conj(x) + c·(x − 1/2)³ at x = 1/2, v = 1, step h = 2^-19: the complex step is ~0, the
+    central difference D(h) = 1 + c·h², so the mismatch is 1 + c·h² and the instability
+    |D(h) − D(2h)| = 3·c·h². Above 8 times that it is not holomorphic; below, the difference
+    is too unstable to say."""
+    c = c_h2 / 2.0**-38
+
+    def f(x):
+        return conj_square(x) + c * (x - 0.5) ** 3
+
+    why = _holomorphy_test(as_F(f), [np.array([0.5])], {0: np.array([1.0])}, U64)
+    assert (why is not None) == detected, why
