@@ -824,7 +824,27 @@ def test_the_second_order_checks_survive_a_backward_that_scribbles_on_its_dy():
 
     r = gradcheck(lambda x: x**3, bwd, [np.array([0.5, -1.0, 1.5])], localize=False)
     assert r.check("reentrancy").note == "the backward modified its dy in place"
-    assert r.check("hessian_symmetry").passed and r.check("second_order").passed, r.report()
+    for name in ("hessian_symmetry", "second_order"):
+        c = r.check(name)
+        # compared against a real scale: the cotangent u was not zeroed under the check
+        assert c.passed and c.tolerance > 0, r.report()
+
+
+def test_a_double_backward_gets_no_scalar_for_an_input_whose_gradient_is_none():
+    """backward returns None for w (unused): the double backward's cotangent for it is None or
+    an array of w's shape, never a scalar standing for zeros."""
+    x, w = np.array([0.5, -1.0, 1.5]), np.array([2.0, 3.0])
+    seen = []
+
+    def dbl(dd, dy, x, w):
+        ddx, ddw = dd
+        seen.append(None if ddw is None else np.shape(ddw))
+        return 2 * x * ddx, 2 * dy * ddx, None
+
+    r = gradcheck(lambda x, w: x * x, lambda dy, x, w: (2 * x * dy, None), [x, w],
+                  double_backward=dbl, localize=False)
+    assert seen and all(s is None or s == w.shape for s in seen), seen
+    assert r, r.report()
 
 
 @pytest.mark.parametrize("method", ["central", "richardson"])
@@ -869,3 +889,10 @@ def test_a_mismatch_counts_when_above_eight_times_the_central_difference_s_insta
 
     why = _holomorphy_test(as_F(f), [np.array([0.5])], {0: np.array([1.0])}, U64)
     assert (why is not None) == detected, why
+
+
+def test_every_non_finite_input_is_named_in_the_note():
+    r = gradcheck(lambda a, x: a * x.sum(), lambda dy, a, x: (dy * x.sum(), np.full_like(x, 1)),
+                  [np.array([np.nan, 1.0]), np.array([1.0, np.inf])], names=["a", "x"])
+    assert ("(a: 1 NaN/Inf element(s), the first at (0,); x: 1 NaN/Inf element(s), the first "
+            "at (1,))") in r.checks[0].note
