@@ -896,3 +896,20 @@ def test_every_non_finite_input_is_named_in_the_note():
                   [np.array([np.nan, 1.0]), np.array([1.0, np.inf])], names=["a", "x"])
     assert ("(a: 1 NaN/Inf element(s), the first at (0,); x: 1 NaN/Inf element(s), the first "
             "at (1,))") in r.checks[0].note
+
+
+def test_a_gradient_for_a_leading_constant_does_not_hide_the_next_input_s_problem():
+    x = np.ones(3)
+    r = gradcheck(lambda c, x: c * x, lambda dy, c, x: (np.float64(1.0), np.zeros(2)), [3.0, x],
+                  names=["c", "x"])
+    assert r.check("shapes").note == ("c: a gradient for a non-array input; "
+                                      "x: gradient shape (2,) != input shape (3,)")
+
+
+def test_a_float32_rms_norm_problem_uses_float32_s_default_eps_where_it_matters():
+    """At |x| ~ 1e-4 (mean square 1e-8) float32's default eps, 1.2e-7, dominates the norm."""
+    p = oracle_problem("rms_norm", (2, 8), dtype=np.float32)
+    x, w, b = p.inputs
+    small = (1e-4 * x).astype(np.float32)
+    np.testing.assert_array_equal(p.forward(small, w, b),
+                                  rmsref.rms_norm_forward(small, (8,), w)[0])
