@@ -1001,14 +1001,23 @@ class _Checker:
         """dy in the structure of the forward's output: an array, or a tuple of arrays."""
         return tuple(dys) if self.multi else dys[0]
 
+    def as_given(self, args: Sequence[Any], offset: int = 0) -> list[Any]:
+        """args with every input that is not differentiated (args[offset + i]) replaced by the
+        caller's own object: the complex step promotes floating arrays to complex128, and a
+        constant float32 array promoted would change the function differentiated (its own
+        products in float64 instead of float32)."""
+        return [self.inputs[i - offset] if i >= offset and i - offset not in self.diff else a
+                for i, a in enumerate(args)]
+
     def F(self, args: Sequence[Any], complex_: bool = False) -> list[np.ndarray]:
         """The forward as a function of the inputs -> list of outputs."""
-        return _as_list(self.fwd(*args, complex_=complex_))[0]
+        return _as_list(self.fwd(*self.as_given(args), complex_=complex_))[0]
 
     def B(self, args: Sequence[Any], complex_: bool = False) -> list[np.ndarray]:
         """The backward as a function of (dys..., inputs...) -> gradients of `diff` inputs."""
         dys = [np.array(a, copy=True) for a in args[:self.n_out]]
-        gs = self.bwd(self.pack_dy(dys), *args[self.n_out:], complex_=complex_)
+        inputs = self.as_given(args, self.n_out)[self.n_out:]
+        gs = self.bwd(self.pack_dy(dys), *inputs, complex_=complex_)
         out = []
         for k in self.diff:
             gk = gs[k]

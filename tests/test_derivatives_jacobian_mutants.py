@@ -913,3 +913,17 @@ def test_a_float32_rms_norm_problem_uses_float32_s_default_eps_where_it_matters(
     small = (1e-4 * x).astype(np.float32)
     np.testing.assert_array_equal(p.forward(small, w, b),
                                   rmsref.rms_norm_forward(small, (8,), w)[0])
+
+
+def test_a_float32_constant_is_passed_as_given_to_the_complex_step():
+    """wrt=[0]: c is a constant float32 array. The complex step used to get it promoted to
+    complex128, so it differentiated x·(c·c) with c·c in float64 while the forward and the
+    backward compute it in float32: a false alarm at ratio ~1e5."""
+    c = np.array([1.1, 0.7, 1.3], np.float32)
+    x = np.array([0.5, -1.0, 1.5])
+
+    def bwd(dy, x, c):
+        return (dy * (c * c), None)
+
+    r = gradcheck(lambda x, c: x * (c * c), bwd, [x, c], wrt=[0], full=True)
+    assert r, r.report()
