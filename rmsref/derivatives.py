@@ -1029,14 +1029,23 @@ class _Checker:
         """dy in the structure of the forward's output: an array, or a tuple of arrays."""
         return tuple(dys) if self.multi else dys[0]
 
+    def as_given(self, args: Sequence[Any], offset: int = 0) -> list[Any]:
+        """args with every input that is not differentiated (args[offset + i]) replaced by the
+        caller's own object: the complex step promotes floating arrays to complex128, and a
+        constant float32 array promoted would change the function differentiated (its own
+        products in float64 instead of float32)."""
+        return [self.inputs[i - offset] if i >= offset and i - offset not in self.diff else a
+                for i, a in enumerate(args)]
+
     def F(self, args: Sequence[Any], complex_: bool = False) -> list[np.ndarray]:
         """The forward as a function of the inputs -> list of outputs."""
-        return _as_list(self.fwd(*args, complex_=complex_))[0]
+        return _as_list(self.fwd(*self.as_given(args), complex_=complex_))[0]
 
     def B(self, args: Sequence[Any], complex_: bool = False) -> list[np.ndarray]:
         """The backward as a function of (dys..., inputs...) -> gradients of `diff` inputs."""
         dys = [np.array(a, copy=True) for a in args[:self.n_out]]
-        gs = self.bwd(self.pack_dy(dys), *args[self.n_out:], complex_=complex_)
+        inputs = self.as_given(args, self.n_out)[self.n_out:]
+        gs = self.bwd(self.pack_dy(dys), *inputs, complex_=complex_)
         out = []
         for k in self.diff:
             gk = gs[k]
@@ -1400,6 +1409,9 @@ def _compare_jacobians(A: np.ndarray, J: np.ndarray, E: np.ndarray | None, rtol:
         zero = tol == 0
         if zero.any():
             ratio[zero] = np.where(err[zero] > 0, np.inf, 0.0)
+        # a NaN entry (a NaN gradient, or inf - inf) fails, as in _ratio: argmax would pick it
+        # and no comparison with it could replace the initial worst
+        ratio[np.isnan(ratio)] = np.inf
         f = int(np.argmax(ratio))
         i, j = np.unravel_index(f, ratio.shape)
         if ratio[i, j] > worst[0]:
@@ -1456,6 +1468,11 @@ def _full_jacobian(checker: _Checker) -> list[CheckResult]:
 
     res = []
     for k in diff:
+        if n_out == 0 or np.size(inputs[k]) == 0:
+            res.append(CheckResult("jacobian", c.names[k], None,
+                                   note=f"skipped: the Jacobian has no entries ({n_out} x "
+                                        f"{np.size(inputs[k])})"))
+            continue
         J, E = _jacobian_columns(c.F, inputs, k, c.method, c.out_u, len(y))
         A = rows[k]
         worst, top, n_bad = _compare_jacobians(A, J, E, c.rtol, c.atol,
