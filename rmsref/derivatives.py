@@ -30,8 +30,9 @@ tuple with one entry per input: the gradient, or ``None``. ``dy`` has the struct
 forward's output (an array, or a tuple of arrays). ``jvp(inputs, tangents)`` takes two tuples
 aligned with ``inputs`` (a tangent is ``None`` for an input held constant) and returns the output
 tangent(s). ``double_backward(ddgrads, dy, *inputs)`` returns ``(ddy, *dinputs)``: the VJP of the
-backward, given cotangents ``ddgrads`` (a tuple aligned with ``inputs``, ``None`` where the
-backward returned ``None``) of the backward's outputs.
+backward, given cotangents ``ddgrads`` (a tuple aligned with ``inputs``, ``None`` for an input
+that is not differentiated; a differentiated input whose backward returned ``None`` gets an
+array too, its gradient being read as zeros) of the backward's outputs.
 
 **Which inputs are differentiable.** ``wrt`` names them (indices into ``inputs``). By default
 (``wrt=None``) every input that is a real floating-point NumPy array is; anything else (``None``,
