@@ -473,6 +473,12 @@ _MIN_STEP = 2.0**-992
 _MIN_COMPLEX_SCALE = _MIN_STEP / 2.0**-40
 
 
+def _imaginary_step(scale: float) -> float:
+    """The imaginary step h·max|v| for an input whose largest element is `scale`: ~1e-30 of it,
+    never below _MIN_STEP (1e-30 of an input below ~1e-278 would be subnormal: digits lost)."""
+    return max(1e-30 * scale, _MIN_STEP)
+
+
 def _complex_step(F: Fn, args: Sequence[Any], dirs: dict[int, np.ndarray]) -> list[np.ndarray]:
     """J·v = Im F(args + i·h·v) / h, every floating input promoted to complex128."""
     # h·v_k is at most ~1e-30 of every perturbed input x_k, whatever the scales of v_k and x_k
@@ -486,7 +492,7 @@ def _complex_step(F: Fn, args: Sequence[Any], dirs: dict[int, np.ndarray]) -> li
         raise NotComplexCapable(
             f"an input's largest element, {smallest:.2e}, is below {_MIN_COMPLEX_SCALE:.1e}: no "
             "imaginary step there is both a normal float64 and small next to it")
-    h = _pow2(min(max(1e-30 * scales[k], _MIN_STEP) / _vmax({k: v}) for k, v in dirs.items()))
+    h = _pow2(min(_imaginary_step(scales[k]) / _vmax({k: v}) for k, v in dirs.items()))
     cargs = _complex_args(args)
     for k, v in dirs.items():
         cargs[k] = cargs[k] + 1j * h * v
@@ -1309,7 +1315,7 @@ def _jacobian_columns(F: Fn, inputs: list, k: int, method: str, out_u: float,
             return J, None
         # One call per column; the complex arguments are built once (column 0 went through
         # _complex_step and its checks: same h, same promotion).
-        h = _pow2(1e-30 * _scale_of([inputs[k]]))
+        h = _pow2(_imaginary_step(_scale_of([inputs[k]])))
         cargs = _complex_args(inputs)
         base = cargs[k]
         for j in range(1, n):
@@ -1331,8 +1337,7 @@ def _batched_complex_columns(F, inputs, k, J, first, column) -> bool:
     xk = inputs[k]
     shape = xk.shape
     n = xk.size
-    scale = _scale_of([xk])
-    h = _pow2(1e-30 * scale)
+    h = _pow2(_imaginary_step(_scale_of([xk])))
     size = max(first.size, n)
     B = int(max(2, min(n, _BATCH_ELEMS // max(size, 1))))
     cargs = _complex_args(inputs)

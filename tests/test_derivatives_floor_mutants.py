@@ -884,3 +884,31 @@ def test_tiny_inputs_get_a_normal_imaginary_step_or_none():
     r = gradcheck(lambda x: 3 * x, backward, [1e-296 * XS])
     assert r.method == "richardson" and not r.failures(), r.report()
     assert "an input's largest element, 2.00e-296, is below 2.6e-287" in r.notes[0]
+
+
+THIRD = 1.0 / 3.0
+
+
+def _third_x_one_row(x):
+    """y = x/3 for one row only: the full Jacobian then takes one forward call per column."""
+    if x.ndim != 1:
+        raise ValueError(f"one row only, got shape {x.shape}")
+    return THIRD * x
+
+
+@pytest.mark.parametrize("forward", [lambda x: THIRD * x, _third_x_one_row],
+                         ids=["batched columns", "one call per column"])
+def test_every_full_jacobian_column_of_a_tiny_input_takes_a_normal_step(forward):
+    """The full Jacobian's complex-step columns after the first (batched, or one call each when
+    the forward does not broadcast) take the first column's step: ~1e-30 of the input, never
+    below 2^-992. Near 1e-286 a step of 1e-30 of x is a subnormal with ~24 bits: Im(x/3 +
+    i·h/3) lost the last 29 bits of 1/3, and the full Jacobian check failed this correct
+    backward (both ways of computing the columns). With a normal power-of-two step the columns
+    are 1/3 exactly, and the analytic dx = dy/3 matches them bit for bit."""
+    def backward(dy, x):
+        return (THIRD * dy,)
+
+    r = gradcheck(forward, backward, [1.5e-286 * XS], full=True, second_order=False)
+    c = r.check("jacobian", "input0")
+    assert r and r.method == "complex" and not r.notes, r.report()
+    assert c.passed and c.observed == 0.0, r.report()
