@@ -81,6 +81,23 @@ def test_layer_norm_ratio_uses_the_default_kernels():
         bench.targets(rows))
 
 
+def test_the_copy_bandwidth_is_the_faster_copy_of_each_round():
+    """Two preallocated copies, each the faster in one round: every ratio is taken against the
+    faster copy of its own round (a slow copy would make a kernel look close to the copy), and
+    the allocating ratio against the allocating copy."""
+    bench = _load_bench()
+    a, b = (bench.Candidate(n, "copy", lambda: None, 8, baseline="out") for n in ("a", "b"))
+    new = bench.Candidate("new", "copy", lambda: None, 8, baseline="new")
+    a.times, b.times, new.times = [1.0, 4.0], [2.0, 2.0], [4.0, 4.0]
+    fwd, bwd = _fake_defaults(bench)
+    fwd.times = [2.0, 4.0]
+    rows = bench.summarise("t", [a, b, new, fwd, bwd])
+    row = next(r for r in rows if r["name"] == fwd.name)
+    # round 1: B = 8 bytes/s (a), 2 s against 1 s; round 2: B = 4 (b), 4 s against 2 s
+    assert row["x_copy"] == 2.0
+    assert row["x_copy_new"] == 0.75  # against 4 s each round: 0.5 and 1.0
+
+
 def test_peer_ratios_in_the_targets_section():
     """torch/rmsref and XLA/rmsref time ratios are printed per case under the targets."""
     bench = _load_bench()

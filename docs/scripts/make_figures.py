@@ -203,7 +203,8 @@ def make_error_vs_n() -> str:
 
 def make_bandwidth() -> str | None:
     rows = [r for r in bench_rows() if r["dtype"] == "float32" and (
-        r["kernel"].startswith(("parallel copy (", "torch", "jax")) or "(default)" in r["kernel"])]
+        r["kernel"].startswith(("parallel copy (", "torch", "jax")) and not r["kernel"].endswith(
+            "new array") or "(default)" in r["kernel"])]
     if not rows:
         print("bandwidth.png: no float32 rows in bench/results/cpu.md; run python bench/cpu.py "
               "first (skipped)")
