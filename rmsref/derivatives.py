@@ -254,9 +254,10 @@ class GradcheckResult:
                      f"{'ratio':>10}  status")
         for c in self.checks:
             status = {True: "ok", False: "FAIL", None: "skipped"}[c.passed]
-            if c.passed is None:
+            if c.passed is None:  # the note may say "skipped: ..." itself: say it once
+                why = c.note if c.note.startswith(status) else f"{status}: {c.note}"
                 lines.append(f"  {c.name:<18} {c.input or '-':<12} {'':>10} {'':>10} {'':>10}  "
-                             f"{status}: {c.note}")
+                             f"{why}")
                 continue
             lines.append(f"  {c.name:<18} {c.input or '-':<12} {c.observed:>10.2e} "
                          f"{c.tolerance:>10.2e} {c.ratio:>10.3g}  {status}")

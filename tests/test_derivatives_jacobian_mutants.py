@@ -194,6 +194,9 @@ def test_a_jacobian_too_large_is_skipped_saying_its_size(monkeypatch):
     r, c = jacobian(A, name=None)
     assert (c.name, c.input, c.passed) == ("jacobian", None, None)
     assert c.note == "skipped: 3 x 5 Jacobian entries exceed MAX_JACOBIAN_ENTRIES = 14"
+    # the report says "skipped" once, before the reason
+    assert re.search(r"^  jacobian +- +skipped: 3 x 5 Jacobian entries exceed", r.report(), re.M)
+    assert "skipped: skipped" not in r.report()
     monkeypatch.setattr(derivatives, "MAX_JACOBIAN_ENTRIES", 15)
     r, c = jacobian(A)
     assert c.passed is True and c.input == "input0"
