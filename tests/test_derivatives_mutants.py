@@ -70,7 +70,9 @@ def test_the_report_columns_stand_under_their_headings():
         status_at = header.index("status")
         if c.passed is None:
             assert row[len("  " + c.name):status_at].strip() == (c.input or "-")
-            assert row[status_at:] == f"skipped: {c.note}"
+            # "skipped" once: before the reason, or as the reason's own first word
+            assert row[status_at:] == (c.note if c.note.startswith("skipped: ")
+                                       else f"skipped: {c.note}")
             continue
         assert row[status_at:] == ("ok" if c.passed else "FAIL")
         for h, value in (("observed", c.observed), ("tolerance", c.tolerance),
