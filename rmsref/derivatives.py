@@ -255,7 +255,7 @@ class GradcheckResult:
         for c in self.checks:
             status = {True: "ok", False: "FAIL", None: "skipped"}[c.passed]
             if c.passed is None:  # the note may say "skipped: ..." itself: say it once
-                why = c.note if c.note.startswith(status) else f"{status}: {c.note}"
+                why = c.note if c.note.startswith(f"{status}: ") else f"{status}: {c.note}"
                 lines.append(f"  {c.name:<18} {c.input or '-':<12} {'':>10} {'':>10} {'':>10}  "
                              f"{why}")
                 continue

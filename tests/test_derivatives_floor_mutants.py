@@ -901,9 +901,9 @@ def _third_x_one_row(x):
 def test_every_full_jacobian_column_of_a_tiny_input_takes_a_normal_step(forward):
     """The full Jacobian's complex-step columns after the first (batched, or one call each when
     the forward does not broadcast) take the first column's step: ~1e-30 of the input, never
-    below 2^-992. Near 1e-286 a step of 1e-30 of x is a subnormal with ~24 bits: Im(x/3 +
-    i·h/3) lost the last 29 bits of 1/3, and the full Jacobian check failed this correct
-    backward (both ways of computing the columns). With a normal power-of-two step the columns
+    below 2^-992. At x up to 3e-286 a step of 1e-30 of x is 2^-1048, and Im(x/3 + i·h/3) =
+    h/3 is then a subnormal that keeps about 25 of 1/3's 53 bits: the full check failed this
+    correct backward (both ways of computing the columns). With a normal power-of-two step the columns
     are 1/3 exactly, and the analytic dx = dy/3 matches them bit for bit."""
     def backward(dy, x):
         return (THIRD * dy,)
