@@ -903,8 +903,8 @@ def test_every_full_jacobian_column_of_a_tiny_input_takes_a_normal_step(forward)
     the forward does not broadcast) take the first column's step: ~1e-30 of the input, never
     below 2^-992. At x up to 3e-286 a step of 1e-30 of x is 2^-1048, and Im(x/3 + i·h/3) =
     h/3 is then a subnormal that keeps about 25 of 1/3's 53 bits: the full check failed this
-    correct backward (both ways of computing the columns). With a normal power-of-two step the columns
-    are 1/3 exactly, and the analytic dx = dy/3 matches them bit for bit."""
+    correct backward (both ways of computing the columns). With a normal power-of-two step the
+    columns are 1/3 exactly, and the analytic dx = dy/3 matches them bit for bit."""
     def backward(dy, x):
         return (THIRD * dy,)
 
