@@ -404,6 +404,7 @@ def time_shape(dev: Device, rep: Report, n: int, m: int, dtype: np.dtype, dname:
     bwd = k.prepare_backward(dy, x, n, w_d, rstd=rstd, launch=lc)
     t_b = dev.time_ms(bwd.run, sizes.reps)
     row = {"N": n, "M": m, "elems": m * n, "dtype": dname, **_label(k, lc, n, m),
+           "automatic": lc == k.Launch(),
            "fwd_ms": t_f, "fwd_GBps": fwd.bytes_moved / (t_f * 1e-3) / 1e9,
            "bwd_ms": t_b, "bwd_GBps": bwd.bytes_moved / (t_b * 1e-3) / 1e9}
     if rep.copy_gbps:
@@ -587,7 +588,9 @@ def compile_only(quick: bool) -> int:
     failures = 0
     for name, kern, sig, must in jobs:
         try:
-            ptx, _ = cuda.compile_ptx(kern.py_func, sig, cc=cc)
+            # the kernel's own launch bound (numba_cuda._kernel_jit), as its launches compile it
+            bound = getattr(kern, "targetoptions", {}).get("launch_bounds")
+            ptx, _ = cuda.compile_ptx(kern.py_func, sig, cc=cc, launch_bounds=bound)
         except Exception as exc:  # noqa: BLE001 - report every failing kernel, then fail
             failures += 1
             print(f"FAIL {name}: {type(exc).__name__}: {str(exc).splitlines()[0]}")
@@ -597,9 +600,12 @@ def compile_only(quick: bool) -> int:
             problems.append("uses atomics")
         if must and must not in ptx:
             problems.append(f"missing {must}")
+        if bound is not None and f".maxntid {bound}" not in ptx:
+            problems.append(f"no launch bound of {bound} threads (.maxntid) in the PTX")
         if problems:
             failures += 1
-        print(f"{'FAIL' if problems else 'ok  '} {name} ({len(ptx)} chars of PTX, "
+        bounded = f", launch bound {bound} threads" if bound is not None else ""
+        print(f"{'FAIL' if problems else 'ok  '} {name} ({len(ptx)} chars of PTX{bounded}, "
               f"fingerprint {ptx_fingerprint(ptx)}) {'; '.join(problems)}")
     print(f"compiled {len(jobs) - failures}/{len(jobs)} kernels to PTX for sm_{cc[0]}{cc[1]} "
           f"in {time.perf_counter() - t0:.1f} s")
@@ -724,12 +730,15 @@ def _device_info(dev: Device) -> dict:
 
 
 def _summarise_target(rep: Report) -> None:
-    """Target: >= 70 % of copy bandwidth for M·N >= 2^26 (automatic configuration)."""
-    rows = [t for t in rep.timings if t["elems"] >= 2**26 and "fwd_frac_copy" in t]
+    """Target: >= 70 % of copy bandwidth for M·N >= 2^26, for the automatic configuration (the
+    forced alternatives are timed to compare with it, not judged)."""
+    rows = [t for t in rep.timings
+            if t["elems"] >= 2**26 and t.get("automatic") and "fwd_frac_copy" in t]
     if not rows:
         return
     worst = min(min(t["fwd_frac_copy"], t["bwd_frac_copy"]) for t in rows)
-    rep.notes.append(f"worst fraction of copy bandwidth at M·N >= 2^26: {100 * worst:.0f} % "
+    rep.notes.append(f"worst fraction of copy bandwidth at M·N >= 2^26, automatic "
+                     f"configuration: {100 * worst:.0f} % "
                      f"(target 70 %: {'met' if worst >= 0.7 else 'NOT met'})")
 
 

@@ -447,6 +447,18 @@ class BackwardOptions:
     saved_rstd: bool = False  # use the forward's rstd instead of recomputing it
 
 
+def _kernel_jit(threads: int):
+    """``cuda.jit`` for a kernel launched with at most ``threads`` threads per block.
+
+    The launch bound tells the compiler how many threads share a multiprocessor's 65,536
+    registers, so it keeps each thread within 65536 / T of them (64 at T = 1024). Without it the
+    compiler may use more, and the launch fails with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: the
+    backward at N = 4096 (T = 512) did on an H200. The simulator has no registers and no such
+    option.
+    """
+    return cuda.jit if SIMULATOR else cuda.jit(launch_bounds=threads)
+
+
 def _load(kind: int | None):
     """The device function reading storage ``kind`` as float32 (float32 for an absent array)."""
     return _LOAD[F32 if kind is None else kind]
@@ -510,7 +522,7 @@ def _forward_kernel(o: ForwardOptions):
 
     if o.variant == "block":
 
-        @cuda.jit
+        @_kernel_jit(T)
         def forward_block(x, r, w, b, y, rout, rstd, n, kf, eps, scale, offset):
             sh = cuda.shared.array(T, np.float32)
             tid = cuda.threadIdx.x
@@ -524,7 +536,7 @@ def _forward_kernel(o: ForwardOptions):
 
         return forward_block
 
-    @cuda.jit
+    @_kernel_jit(T)
     def forward_warp(x, r, w, b, y, rout, rstd, n, kf, eps, scale, offset):
         tid = cuda.threadIdx.x
         lane = tid % WARP
@@ -555,7 +567,7 @@ def _backward_kernel(o: BackwardOptions):
     has_dro, has_rstd = o.dresidual_out is not None, o.saved_rstd
     T, C = o.threads, o.cols
 
-    @cuda.jit
+    @_kernel_jit(T)
     def backward_block(dy, x, r, w, dro, rstd_in, dx, dr, pw, pb, m, n, kf, eps, scale,
                        offset):
         sh_a = cuda.shared.array(T, np.float32)
@@ -625,7 +637,7 @@ def _column_sum_kernel(kout: int):
     """Backward stage 2 (dweight or dbias), writing storage kind ``kout``."""
     st = _STORE[kout]
 
-    @cuda.jit
+    @_kernel_jit(MAX_THREADS)  # launched with STAGE2_THREADS, or a forced T
     def column_sum(part, out, n):
         """Stage 2: out_j = Σ_b part[b, j] for b = 0, 1, … in order, rounded once."""
         j = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x

@@ -48,6 +48,14 @@ def test_compile_only_makes_ptx_for_gpu_only_kernels():
     assert len(kernels) == 4 and all(fingerprints), proc.stdout
     # distinct kernels, distinct code (the warp variant's shuffle, the backward, the fill)
     assert len({f.group(1) for f in fingerprints}) == 4
+    # every rmsref kernel declares the threads it is launched with (.maxntid in its PTX): without
+    # the bound the compiler may use more registers than 1024 threads can have, and the launch
+    # fails on a GPU (the backward at N = 4096 did on an H200)
+    bounds = {line.split(":")[0][len("ok   "):]: re.search(r"launch bound (\d+) threads", line)
+              for line in kernels}
+    assert bounds["forward block"] and bounds["forward block"].group(1) == "256", proc.stdout
+    assert bounds["forward warp"] and bounds["forward warp"].group(1) == "256", proc.stdout
+    assert bounds["backward"] and bounds["backward"].group(1) == "1024", proc.stdout
 
 
 def test_ptx_fingerprint_ignores_numbas_naming_only():
