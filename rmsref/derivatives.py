@@ -1413,9 +1413,10 @@ def _compare_jacobians(A: np.ndarray, J: np.ndarray, E: np.ndarray | None, rtol:
         err = np.abs(Ab - Jb)
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = err / tol
-        zero = tol == 0
+        zero = tol == 0  # an entry of scale 0 (its row or column is all zero), atol 0
         if zero.any():
-            ratio[zero] = np.where(err[zero] > 0, np.inf, 0.0)
+            # only an exact 0 error is within a zero tolerance: NaN is not (NaN > 0 is False)
+            ratio[zero] = np.where(err[zero] == 0, 0.0, np.inf)
         # a NaN entry (a NaN gradient, or inf - inf) fails, as in _ratio: argmax would pick it
         # and no comparison with it could replace the initial worst
         ratio[np.isnan(ratio)] = np.inf

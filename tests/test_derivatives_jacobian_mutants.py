@@ -794,6 +794,22 @@ def test_a_nan_entry_of_the_vjp_fails_the_jacobian_check():
     assert all(w.input_index == (2,) and math.isnan(w.analytic) for w in c.worst)
 
 
+def test_a_nan_entry_where_the_true_column_is_zero_fails_the_jacobian_check():
+    """y = A0·x with column 2 of A0 zero: every entry of that column has scale 0, so its
+    tolerance is 0 (atol 0). A NaN there is not an error of 0: it fails (it used to read as
+    ratio 0 and pass, since NaN > 0 is False)."""
+    a0 = A.copy()
+    a0[:, 2] = 0.0
+    ab = a0.copy()
+    ab[1, 2] = np.nan
+    r, c = jacobian(ab, forward=lambda x: x @ a0.T)
+    assert (c.passed, c.ratio) == (False, math.inf)
+    assert c.note == "3 of 15 entries out of tolerance"  # 0·NaN: the whole column, every row
+    assert all(w.input_index == (2,) and math.isnan(w.analytic) for w in c.worst)
+    right, c_right = jacobian(a0, forward=lambda x: x @ a0.T)
+    assert c_right.passed and c_right.ratio == 0.0
+
+
 def test_the_jacobian_of_an_empty_input_is_skipped():
     """An empty batch has no Jacobian entries: the check is skipped, saying so (it used to
     raise IndexError), and the other checks still decide the verdict."""

@@ -132,6 +132,32 @@ def test_a_half_precision_function_is_not_checked_with_the_default_rtol(dtype):
     assert np.dtype(dtype).name in note and "float64" in note and "pass rtol yourself" in note
 
 
+@pytest.mark.parametrize("n_directions", [1, 3])
+def test_the_refusal_names_the_coarsest_dtype_of_outputs_and_gradients(n_directions):
+    """y in float32, the gradient of x in bfloat16, and a constant-like input s whose gradient is
+    None: the note names bfloat16 (the gradient's dtype, coarser than y's), its u and the rtol it
+    would give, in full; each differentiated input gets one vjp check that is skipped and says
+    why; the None gradient is left out of the choice; one output direction is enough."""
+    xb = X.astype(bfloat16)
+    s = np.ones(3)
+
+    def f(x, s):
+        return A @ x.astype(np.float32)  # (6,) float32
+
+    def b(dy, x, s):
+        return ((A.T @ dy).astype(bfloat16), None)
+
+    r = gradcheck(f, b, [xb, s], names=["x", "s"], n_directions=n_directions)
+    assert not r and not r.compared()
+    assert r.notes == [
+        "not checked: bfloat16 rounds at u = 0.0039, so the default rtol (1024·u = 4) could not "
+        "tell a wrong gradient from a right one; cast the inputs to float64 (or float32), or "
+        "pass rtol yourself"]
+    for name in ("x", "s"):
+        c = r.check("vjp", name)
+        assert c.passed is None and c.note == "the default rtol would be 4 (bfloat16): see the note"
+
+
 def test_float32_keeps_the_default_rtol_and_its_verdicts():
     """float32 (u = 2^-24, rtol 2^-14) is judged as before: a gradient 1 % too large fails, the
     right one passes."""
