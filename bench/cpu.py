@@ -1,7 +1,8 @@
 """Validate, then time, the Numba CPU kernels against a parallel copy of the same bytes.
 
     python bench/cpu.py                      # the target cases, table -> bench/results/cpu.md
-    python bench/cpu.py --quick              # tiny float32 case, one round (a smoke run)
+    python bench/cpu.py --quick              # tiny float32 case, one round (a smoke run;
+                                             # writes to the temporary folder, not results/)
     python bench/cpu.py --cases float32:8192x4096,bfloat16:8192x4096 --rounds 5 --repeats 3
 
 What is measured, all in one process and interleaved round by round (the machine may be shared,
@@ -59,6 +60,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -644,9 +646,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-torch", action="store_true", help="skip torch even if installed")
     parser.add_argument("--no-jax", action="store_true", help="skip JAX even if installed")
     parser.add_argument("--no-oracle", action="store_true", help="skip timing the NumPy oracle")
-    parser.add_argument("--out", type=Path, default=RESULTS / "cpu.md", help="markdown table")
-    parser.add_argument("--plot", type=Path, default=RESULTS / "cpu_gbps.png", help="PNG plot")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="markdown table (default bench/results/cpu.md; with --quick, "
+                        "quick-cpu.md in the system's temporary folder)")
+    parser.add_argument("--plot", type=Path, default=None,
+                        help="PNG plot (default bench/results/cpu_gbps.png; with --quick, "
+                        "quick-cpu_gbps.png in the system's temporary folder)")
     args = parser.parse_args(argv)
+    # a smoke run never replaces the committed results unless asked to
+    where, prefix = (Path(tempfile.gettempdir()), "quick-") if args.quick else (RESULTS, "")
+    args.out = args.out or where / f"{prefix}cpu.md"
+    args.plot = args.plot or where / f"{prefix}cpu_gbps.png"
     if args.quick:
         args.cases = args.cases or QUICK_CASES
         args.rounds, args.repeats = 1, 1

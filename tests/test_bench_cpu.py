@@ -106,3 +106,19 @@ def test_peer_ratios_in_the_targets_section():
              "speedup_ours": 12.25}]
     text = "\n".join(bench.targets(rows))
     assert "- c torch/rmsref time fwd+bwd 12.25; XLA/rmsref time fwd 2.50" in text
+
+
+@pytest.mark.slow  # compiles every variant, as the quick run above
+def test_a_quick_run_leaves_the_committed_results_alone(tmp_path, monkeypatch):
+    """--quick without --out/--plot writes quick-cpu.md (and its plot) to the temporary folder:
+    a smoke run must not replace bench/results/cpu.md or cpu_gbps.png."""
+    import tempfile
+
+    bench = _load_bench()
+    results = Path(bench.RESULTS)
+    before = {p.name: p.stat().st_mtime_ns for p in results.glob("cpu*")}
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert bench.main(["--quick", "--cases", "float32:64x96", "--no-torch", "--no-jax",
+                       "--no-oracle"]) == 0
+    assert (tmp_path / "quick-cpu.md").read_text().startswith("# bench/cpu.py")
+    assert {p.name: p.stat().st_mtime_ns for p in results.glob("cpu*")} == before
