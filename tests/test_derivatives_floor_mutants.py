@@ -883,7 +883,35 @@ def test_tiny_inputs_get_a_normal_imaginary_step_or_none():
     assert r.max_ratio() < 1e-2
     r = gradcheck(lambda x: 3 * x, backward, [1e-296 * XS])
     assert r.method == "richardson" and not r.failures(), r.report()
-    assert "an input's largest element, 2.00e-296, is below 2.6e-287" in r.notes[0]
+    assert "an input's largest element, 2e-296, is below 2^-952 = 2.63e-287" in r.notes[0]
+
+
+def test_the_complex_step_holds_down_to_an_input_of_exactly_its_smallest_scale():
+    """The complex step is refused only *below* 2^-952 (_MIN_COMPLEX_SCALE): an input whose
+    largest element is exactly 2^-952 still takes it (its step 2^-992 is normal and 2^-40 of x),
+    the next float64 below falls back to Richardson, and the note gives the whole reason."""
+    from rmsref.derivatives import _MIN_COMPLEX_SCALE
+
+    def backward(dy, x):
+        return (3 * dy,)
+
+    at = XS / np.max(np.abs(XS)) * _MIN_COMPLEX_SCALE  # largest |element| exactly 2^-952
+    assert _MIN_COMPLEX_SCALE == 2.0**-952 and np.max(np.abs(at)) == _MIN_COMPLEX_SCALE
+    r = gradcheck(lambda x: 3 * x, backward, [at])
+    assert r and r.method == "complex" and not r.notes, r.report()
+    # the second-order check's points x ± s·v2 fall below 2^-952: skipped, saying why (it used
+    # to raise NotComplexCapable out of gradcheck)
+    c = r.check("second_order")
+    assert c.passed is None and c.note.startswith(
+        "skipped: the forward cannot be complex-stepped near the point (an input's largest "
+        "element, 2.6"), c.note
+    assert "is below 2^-952 = 2.63e-287" in c.note
+    below = at * (1 - 2.0**-53)  # largest |element| the float64 just below 2^-952
+    assert np.max(np.abs(below)) == np.nextafter(_MIN_COMPLEX_SCALE, 0)
+    r = gradcheck(lambda x: 3 * x, backward, [below])
+    assert r.method == "richardson", r.report()
+    assert ("an input's largest element, 2.63e-287, is below 2^-952 = 2.63e-287: no imaginary "
+            "step there is both a normal float64 and small next to it") in r.notes[0], r.notes
 
 
 THIRD = 1.0 / 3.0
