@@ -1638,9 +1638,9 @@ def _second_order(checker: _Checker, double_backward: Callable[..., Any] | None,
                 # the points x ± s·v2 move each element by up to ~1.5 %: an input just above
                 # the complex step's smallest scale can fall below it there
                 fd_note = f"skipped: the forward cannot be complex-stepped near the point ({e})"
-                continue
-            scale2 = _absdot(list(v1.values()), Hv2)
-            fd_worst.add(abs(a - T2), scale2, rtol * (scale2 + fl) + FD_SAFETY * est + atol)
+            else:
+                scale2 = _absdot(list(v1.values()), Hv2)
+                fd_worst.add(abs(a - T2), scale2, rtol * (scale2 + fl) + FD_SAFETY * est + atol)
     res.append(sym_worst.result("hessian_symmetry", None))
     if fd_note:
         res.append(CheckResult("second_order", None, None, note=fd_note))
