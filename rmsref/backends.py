@@ -73,13 +73,32 @@ def _probe_cuda() -> str | None:
         return None
     try:
         if cuda.is_available():
-            return None
+            return _cuda_compiler_problem()
     except Exception as exc:  # driver errors surface here
         return f"no usable CUDA driver ({exc}); set NUMBA_ENABLE_CUDASIM=1 to use the simulator"
     return (
         "no CUDA GPU or driver found; set NUMBA_ENABLE_CUDASIM=1 before numba is imported to run "
         "the kernels in Numba's CUDA simulator (slow, for testing)"
     )
+
+
+def _cuda_compiler_problem() -> str | None:
+    """Why numba-cuda's compiler cannot load here, or None.
+
+    The first kernel compile loads numba-cuda's NumPy overloads (``numba.cuda.cudaimpl``); with
+    a NumPy it does not support that import fails, deep inside the first call. numba-cuda 0.30.4
+    refers to ``np.row_stack``, which NumPy 2.5 removed (seen on a GPU machine whose image paired
+    them). The simulator compiles nothing, so it is not asked.
+    """
+    try:
+        importlib.import_module("numba.cuda.cudaimpl")
+    except Exception as exc:  # noqa: BLE001 - any failure here is a compile that cannot work
+        import numpy as np
+
+        hint = " (NumPy 2.5 removed it): pip install 'numpy<2.5'" if "row_stack" in str(exc) else ""
+        return (f"numba-cuda's compiler cannot load with NumPy {np.__version__}: "
+                f"{type(exc).__name__}: {exc}{hint}")
+    return None
 
 
 _REGISTRY: dict[str, BackendSpec] = {

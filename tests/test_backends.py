@@ -193,3 +193,32 @@ def test_bad_arguments_raise_the_oracles_error(name, what, call):
     with pytest.raises(oracle_error.type) as ours:
         call(module.rms_norm_forward, x, w)
     assert str(ours.value) == str(oracle_error.value)
+
+
+def test_a_numba_cuda_that_cannot_compile_with_this_numpy_is_unavailable_saying_why(monkeypatch):
+    """On a GPU, numba-cuda's compiler must load: numba-cuda 0.30.4 with NumPy 2.5 fails at the
+    first kernel compile (np.row_stack is gone). The probe loads it first and names the cause and
+    the fix instead of letting the first call raise deep inside numba-cuda."""
+    pytest.importorskip("numba_cuda", reason="numba-cuda is not installed: pip install "
+                        "'rmsref[cuda]'")
+    import importlib
+
+    from numba import config, cuda
+
+    if config.ENABLE_CUDASIM:
+        pytest.skip("numba.cuda is the simulator in this process: it compiles nothing")
+    monkeypatch.delenv("NUMBA_ENABLE_CUDASIM", raising=False)
+    monkeypatch.setattr(cuda, "is_available", lambda: True)
+    assert backends._probe_cuda() is None  # this NumPy: the compiler loads
+
+    real = importlib.import_module
+
+    def numpy_without_row_stack(name, *args, **kwargs):
+        if name == "numba.cuda.cudaimpl":
+            raise AttributeError("module 'numpy' has no attribute 'row_stack'")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(backends.importlib, "import_module", numpy_without_row_stack)
+    assert backends._probe_cuda() == (
+        f"numba-cuda's compiler cannot load with NumPy {np.__version__}: AttributeError: module "
+        "'numpy' has no attribute 'row_stack' (NumPy 2.5 removed it): pip install 'numpy<2.5'")
