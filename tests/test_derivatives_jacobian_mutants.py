@@ -941,15 +941,57 @@ def test_a_float32_rms_norm_problem_uses_float32_s_default_eps_where_it_matters(
                                   rmsref.rms_norm_forward(small, (8,), w)[0])
 
 
-def test_a_float32_constant_is_passed_as_given_to_the_complex_step():
-    """wrt=[0]: c is a constant float32 array. The complex step used to get it promoted to
-    complex128, so it differentiated x·(c·c) with c·c in float64 while the forward and the
-    backward compute it in float32: a false alarm at ratio ~1e5."""
+@pytest.mark.parametrize("constant_first", [False, True], ids=["x, c", "c, x"])
+def test_a_float32_constant_is_passed_as_given_to_the_complex_step(constant_first):
+    """c is a constant float32 array (not in wrt), after x or before it. The complex step used
+    to get it promoted to complex128, so it differentiated x·(c·c) with c·c in float64 while the
+    forward and the backward compute it in float32: a false alarm at ratio ~1e5."""
     c = np.array([1.1, 0.7, 1.3], np.float32)
     x = np.array([0.5, -1.0, 1.5])
 
-    def bwd(dy, x, c):
-        return (dy * (c * c), None)
+    if constant_first:
+        def bwd(dy, c, x):
+            return (None, dy * (c * c))
 
-    r = gradcheck(lambda x, c: x * (c * c), bwd, [x, c], wrt=[0], full=True)
+        r = gradcheck(lambda c, x: x * (c * c), bwd, [c, x], wrt=[1], full=True)
+    else:
+        def bwd(dy, x, c):
+            return (dy * (c * c), None)
+
+        r = gradcheck(lambda x, c: x * (c * c), bwd, [x, c], wrt=[0], full=True)
     assert r, r.report()
+
+
+def test_an_empty_input_skips_its_jacobian_and_the_next_input_is_still_checked():
+    """Inputs (c, x) with c empty: c's Jacobian has no entries and is skipped, saying so; x's,
+    after it, is still compared entry by entry (a wrong entry there fails)."""
+    c = np.zeros(0)
+    x = np.array([0.5, -1.0, 1.5])
+
+    def fwd(c, x):
+        return x * x + np.sum(c)
+
+    def bwd(dy, c, x):
+        return (np.zeros(0) + np.sum(dy), 2 * x * dy)
+
+    r = gradcheck(fwd, bwd, [c, x], names=["c", "x"], full=True)
+    jc, jx = r.check("jacobian", "c"), r.check("jacobian", "x")
+    assert (jc.passed, jc.note) == (None, "skipped: the Jacobian has no entries (3 x 0)")
+    assert jx.passed is True and jx.ratio < 1, r.report()
+
+    def wrong(dy, c, x):
+        return (np.zeros(0), 2 * x * dy * np.array([1.0, 1.0, 1.01]))
+
+    r = gradcheck(fwd, wrong, [c, x], names=["c", "x"], full=True)
+    assert r.check("jacobian", "x").passed is False, r.report()
+
+
+def test_a_scalar_output_has_its_one_row_jacobian_checked():
+    """y = Σ x² has one output element: its Jacobian is one row, compared like any other (not
+    skipped as if it had none)."""
+    x = np.array([0.5, -1.0, 1.5, 2.0])
+    r = gradcheck(lambda x: np.sum(x * x), lambda dy, x: (2 * x * dy,), [x], full=True)
+    c = r.check("jacobian", "input0")
+    assert c.passed is True and c.ratio < 1, r.report()
+    r = gradcheck(lambda x: np.sum(x * x), lambda dy, x: (2.01 * x * dy,), [x], full=True)
+    assert r.check("jacobian", "input0").passed is False
