@@ -678,7 +678,10 @@ class _Floor:
             if not (m and xk.size):
                 continue
             big = float(np.max(xk[np.isfinite(xk)], initial=0.0)) or 1.0
-            self.r[k] = 1.0 / np.maximum(xk, 2.0**-26 * big)
+            # 1/x overflows to inf for an x_k below ~2^-996: such an input is below the complex
+            # step's range (2^-952), and none of its comparisons is made (NOT CHECKED)
+            with np.errstate(over="ignore"):
+                self.r[k] = 1.0 / np.maximum(xk, 2.0**-26 * big)
             self.match[k] = m
             at0 = list(inputs)
             at0[k] = np.zeros_like(inputs[k])

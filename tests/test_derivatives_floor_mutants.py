@@ -914,6 +914,23 @@ def test_the_complex_step_holds_down_to_an_input_of_exactly_its_smallest_scale()
             "step there is both a normal float64 and small next to it") in r.notes[0], r.notes
 
 
+def test_a_subnormal_input_is_not_checked_and_warns_of_nothing():
+    """x ~ 1e-310 (subnormal): below the complex step's range, so every comparison is skipped
+    (NOT CHECKED, saying why); building the floor's 1/|x| (inf there) raises no RuntimeWarning
+    (it printed 'overflow encountered in divide')."""
+    import warnings
+
+    def backward(dy, x):
+        return (3 * dy,)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        r = gradcheck(lambda x: 3 * x, backward, [1e-310 * XS])
+    assert not r and not r.compared(), r.report()
+    assert r.report().startswith("gradcheck: NOT CHECKED")
+    assert "is below 2^-952 = 2.63e-287" in r.notes[0]
+
+
 THIRD = 1.0 / 3.0
 
 
