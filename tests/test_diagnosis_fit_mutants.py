@@ -1,0 +1,377 @@
+"""rmsref.diagnosis, the fits and the predictions: a mistake planted in a few lines of NumPy, the
+parameter fitted back from its output (an eps, a weight offset, the scale of the path through
+rstd, the rows dweight covers) and the mutated reference's prediction of what the planted code
+returns. Reference: the float64 oracle (rmsref.comparison.Reference); bounds: the convention's
+rmsref.tolerance model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rmsref import diagnosis
+
+from .test_diagnosis_mutants import observe
+
+H = diagnosis.Hypothesis
+
+
+def rms64(x, w, eps, offset=0.0):
+    """A float64 forward with the given eps and weight offset (the planted mistake)."""
+    ms = np.mean(x * x, axis=-1, keepdims=True)
+    return x / np.sqrt(ms + eps) * (w + offset)
+
+
+def planted_y(x, w, eps, *, outside=False, centred=False, centred_num=False, divisor=None):
+    """A float64 forward with mistakes planted: eps outside the root, the mean removed from
+    the statistic (and from the numerator), a divisor other than N."""
+    mu = np.mean(x, axis=-1, keepdims=True)
+    b = x - mu if centred else x                                  # what is squared
+    a = x - mu if centred_num else x                              # the numerator
+    s = np.sum(b * b, axis=-1, keepdims=True) / (x.shape[-1] if divisor is None else divisor)
+    r = 1.0 / (np.sqrt(s) + eps) if outside else 1.0 / np.sqrt(s + eps)
+    return a * r * w
+
+
+def planted_dx(x, w, dy, eps, scale):
+    """A float64 backward whose path through rstd is scaled by ``scale`` (1: correct)."""
+    rstd = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    xhat = x * rstd
+    g = dy * w                                                    # dxhat
+    c = np.mean(g * xhat, axis=-1, keepdims=True)                 # the path through rstd
+    return rstd * (g - scale * xhat * c)
+
+
+#: (hypothesis, the keywords of planted_y that plant it)
+FORWARD_MUTATIONS = [
+    (H(eps_outside=True), {"outside": True}),
+    (H(centre_stat=True), {"centred": True}),
+    (H(centre_stat=True, centre_num=True), {"centred": True, "centred_num": True}),
+    (H(divisor="N-1"), {"divisor": 63}),
+    (H(divisor="1"), {"divisor": 1}),
+]
+
+
+# ---- fit_eps -----------------------------------------------------------------------------------
+
+
+def test_fit_eps_recovers_a_planted_eps_from_rows_where_it_shows(rng):
+    """Rows of mean square ~1e-4 with eps 1e-5 planted (1e-6 asked): the fitted eps is the
+    planted one to 1e-9 relative (float64 outputs)."""
+    x = 1e-2 * rng.standard_normal((6, 64))
+    w = 1 + 0.25 * rng.standard_normal(64)
+    obs = observe(rms64(x, w, 1e-5), x, 64, w, eps=1e-6)
+    assert not obs.passed
+    fitted = diagnosis.fit_eps([obs], diagnosis.CORRECT)
+    assert abs(fitted - 1e-5) <= 1e-9 * 1e-5
+
+
+def test_fit_eps_is_the_median_over_the_y_cases_only(rng):
+    """A dx case listed first and one listed between two y cases are skipped, not the end of
+    the fit: the eps comes from the y cases alone (their rows pin it to 1e-9 relative)."""
+    x = 1e-2 * rng.standard_normal((6, 64))
+    w = 1 + 0.25 * rng.standard_normal(64)
+    dy = rng.standard_normal((6, 64))
+    y = observe(rms64(x, w, 1e-5), x, 64, w, eps=1e-6)
+    dx = observe(planted_dx(x, w, dy, 1e-6, 0.0), x, 64, w, eps=1e-6, quantity="dx", dy=dy)
+    fitted = diagnosis.fit_eps([dx, y, dx, y], diagnosis.CORRECT)
+    assert abs(fitted - 1e-5) <= 1e-9 * 1e-5
+    assert diagnosis.fit_eps([dx], diagnosis.CORRECT) is None
+
+
+def test_fit_eps_uses_only_rows_where_eps_is_visible(rng):
+    """Rows of mean square ~1e-4 (eps 1e-5 is a tenth of it) pin eps; rows of mean square ~1e12
+    give 1/rstd² − s = eps ± 1e-4, noise larger than eps: they outnumber the others and must
+    be left out (the planted eps is recovered to 1e-9 relative)."""
+    small = 1e-2 * rng.standard_normal((4, 64))
+    big = 1e6 * rng.standard_normal((8, 64))
+    w = 1 + 0.25 * rng.standard_normal(64)
+    fitted = []
+    for x in (small, big):
+        fitted.append(observe(rms64(x, w, 1e-5), x, 64, w, eps=1e-6))
+    v = diagnosis.fit_eps(fitted, diagnosis.CORRECT)
+    assert abs(v - 1e-5) <= 1e-9 * 1e-5
+    # the big rows alone carry no eps at all
+    assert diagnosis.fit_eps(fitted[1:], diagnosis.CORRECT) is None
+
+
+@pytest.mark.parametrize("ms_scale", [1e-6, 1e-4, 1e-3])
+def test_fit_eps_needs_eps_above_a_thousandth_of_the_statistic(rng, ms_scale):
+    """eps = 1e-5 on rows of mean square ms: seen when eps > 1e-3·ms (ms up to 1e-2), whatever
+    the ratio of eps to ms below that (from 10 to 1e-2)."""
+    x = np.sqrt(ms_scale) * rng.standard_normal((6, 64))
+    w = 1 + 0.25 * rng.standard_normal(64)
+    obs = observe(rms64(x, w, 1e-5), x, 64, w, eps=1e-6)
+    v = diagnosis.fit_eps([obs], diagnosis.CORRECT)
+    assert abs(v - 1e-5) <= 1e-8 * 1e-5
+
+
+def test_a_negative_fitted_eps_is_no_eps(rng):
+    """A kernel that subtracts 1e-5 from the mean of squares (rows of ms ~1e-4): the fit is
+    negative, which no eps is, so there is no eps to report."""
+    x = 1e-2 * rng.standard_normal((6, 64))
+    w = 1 + 0.25 * rng.standard_normal(64)
+    obs = observe(rms64(x, w, -1e-5), x, 64, w, eps=1e-6)
+    assert diagnosis.fit_eps([obs], diagnosis.CORRECT) is None
+
+
+@pytest.mark.parametrize("h,planted", FORWARD_MUTATIONS, ids=lambda v: "-".join(v.codes())
+                         if isinstance(v, H) else "")
+def test_fit_eps_recovers_eps_under_each_forward_mutation(rng, h, planted):
+    """The eps of a planted kernel that also has mutation ``h``: the fit inverts the mutated
+    rstd (eps outside the root, the variance, N − 1 or 1 for N) and finds 1e-5 to 1e-8."""
+    x = 1e-2 * rng.standard_normal((6, 64)) + 3e-3
+    w = 1 + 0.25 * rng.standard_normal(64)
+    got = planted_y(x, w, 1e-5, **planted)
+    obs = observe(got, x, 64, w, eps=1e-6)
+    v = diagnosis.fit_eps([obs], h)
+    assert abs(v - 1e-5) <= 1e-8 * 1e-5
+
+
+def test_fit_eps_with_n_minus_1_on_two_columns_divides_by_one(rng):
+    """N = 2: N − 1 = 1, so the planted kernel's statistic is the plain sum of squares."""
+    x = 1e-3 * rng.standard_normal((8, 2))
+    w = np.array([1.25, 0.75])
+    got = x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + 1e-5) * w
+    obs = observe(got, x, 2, w, eps=1e-6)
+    v = diagnosis.fit_eps([obs], H(divisor="N-1"))
+    assert abs(v - 1e-5) <= 1e-8 * 1e-5
+
+
+# ---- _readback_rstd ----------------------------------------------------------------------------
+
+
+def test_the_readback_is_the_rstd_the_kernel_used_row_by_row(rng):
+    """y = x·rstd·w read back as y / (x·w): the planted rstd of each row, to 1e-14, on rows of
+    small values (every |x·w| < 1) and with a zero element (0/0 is skipped)."""
+    x = 1e-2 * rng.standard_normal((5, 32))
+    x[2, 7] = 0.0
+    w = 1 + 0.25 * rng.standard_normal(32)
+    rstd = 10.0 ** np.arange(5)[:, None]
+    obs = observe(x * rstd * w, x, 32, w, eps=1e-6)
+    r = diagnosis._readback_rstd(obs, diagnosis.CORRECT)
+    assert r.shape == (5, 1)
+    np.testing.assert_allclose(r, rstd, rtol=1e-14)
+
+
+def test_the_readback_of_an_all_zero_row_is_nan(rng):
+    """A row of zeros carries no rstd: nan there, the planted value on the other rows."""
+    x = rng.standard_normal((3, 16))
+    x[1] = 0.0
+    w = 1 + 0.25 * rng.standard_normal(16)
+    obs = observe(2.0 * x * w, x, 16, w, eps=1e-6)
+    r = diagnosis._readback_rstd(obs, diagnosis.CORRECT)
+    assert np.isnan(r[1, 0])
+    np.testing.assert_allclose(r[[0, 2], 0], 2.0, rtol=1e-14)
+
+
+def test_the_readback_divides_by_the_mutation_s_numerator_and_weight(rng):
+    """Under the mean removed from the numerator and a weight offset of one, y = (x − μ)·r·(w+1)
+    reads back r exactly, where plain x·w would not."""
+    x = rng.standard_normal((4, 16)) + 0.5
+    w = 0.25 * rng.standard_normal(16)
+    r = np.array([[0.5], [1.0], [2.0], [4.0]])
+    got = (x - x.mean(axis=-1, keepdims=True)) * r * (w + 1.0)
+    obs = observe(got, x, 16, w, eps=1e-6)
+    back = diagnosis._readback_rstd(obs, H(centre_num=True, offset=1.0))
+    np.testing.assert_allclose(back, r, rtol=1e-13)
+
+
+def test_the_readback_ignores_elements_whose_denominator_vanishes(rng):
+    """Elements where x·w underflows to (nearly) zero are skipped even where y is not zero:
+    one such element per row cannot move the median, several could."""
+    x = rng.standard_normal((3, 8))
+    w = 1 + 0.25 * rng.standard_normal(8)
+    w[:5] = 1e-300
+    x[:, :5] = 1e-20                                          # x·w = 1e-320, a subnormal
+    got = 3.0 * x * w
+    got[:, :5] = 1.0                                          # what a kernel left there
+    obs = observe(got, x, 8, w, eps=1e-6)
+    np.testing.assert_allclose(diagnosis._readback_rstd(obs, diagnosis.CORRECT), 3.0,
+                               rtol=1e-14)
+
+
+# ---- fit_offset --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("offset", [1.0, -1.0, 2.0])
+def test_fit_offset_recovers_a_whole_offset_on_the_weight(rng, offset):
+    """y = x̂·(w + δ): δ recovered exactly, as the whole number it is."""
+    x = rng.standard_normal((6, 64))
+    w = 0.25 * rng.standard_normal(64)
+    obs = observe(rms64(x, w, 1e-6, offset=offset), x, 64, w, eps=1e-6)
+    assert diagnosis.fit_offset([obs]) == offset
+
+
+def test_fit_offset_uses_the_reference_eps(rng):
+    """Rows of mean square ~1e-5 with eps 1e-5: x̂ depends on eps as much as on x, so δ = 1 is
+    found only when x̂ is formed with the eps the reference used."""
+    x = 3e-3 * rng.standard_normal((6, 64))
+    w = 0.25 * rng.standard_normal(64)
+    obs = observe(rms64(x, w, 1e-5, offset=1.0), x, 64, w, eps=1e-5)
+    assert diagnosis.fit_offset([obs]) == 1.0
+
+
+def test_a_correct_weight_or_a_fractional_offset_is_no_offset(rng):
+    """No offset (δ = 0), and δ = 1.3, 0.5 or 0.9 (0.05 or more from a whole number: not the
+    1 + w convention) fit no offset."""
+    x = rng.standard_normal((6, 64))
+    w = 0.25 * rng.standard_normal(64) + 1.0
+    for offset in (0.0, 1.3, 0.5, 0.9):
+        obs = observe(rms64(x, w, 1e-6, offset=offset), x, 64, w, eps=1e-6)
+        assert diagnosis.fit_offset([obs]) is None, offset
+
+
+def test_fit_offset_skips_cases_without_a_weight_and_backward_cases(rng):
+    """A larger correct case without a weight (no offset to get wrong), a dx case and a y case
+    listed first or between: the offset of the one weighted y case is found all the same."""
+    x = rng.standard_normal((6, 64))
+    w = 0.25 * rng.standard_normal(64)
+    dy = rng.standard_normal((6, 64))
+    xs = rng.standard_normal((24, 64))
+    plain = observe(rms64(xs, 1.0, 1e-6), xs, 64, None, eps=1e-6)
+    dx = observe(planted_dx(x, w, dy, 1e-6, 1.0), x, 64, w, eps=1e-6, quantity="dx", dy=dy)
+    y = observe(rms64(x, w, 1e-6, offset=1.0), x, 64, w, eps=1e-6)
+    assert diagnosis.fit_offset([plain, dx, y, plain]) == 1.0
+    assert diagnosis.fit_offset([plain, dx]) is None
+
+
+def test_fit_offset_reads_only_where_x_hat_is_not_small(rng):
+    """A kernel y = x̂·(w + 1) that flushes its small outputs to zero, on rows where most
+    elements have |x̂| < 0.1: those elements say nothing of the offset and are skipped."""
+    x = rng.standard_normal((4, 64))
+    x[:, :40] *= 1e-3
+    w = 0.25 * rng.standard_normal(64)
+    got = rms64(x, w, 1e-6, offset=1.0)
+    got[:, :40] = 0.0
+    obs = observe(got, x, 64, w, eps=1e-6)
+    assert diagnosis.fit_offset([obs]) == 1.0
+
+
+# ---- fit_projection ----------------------------------------------------------------------------
+
+
+def _dx_case(rng, rows, n, scale, eps=1e-6):
+    x = rng.standard_normal((rows, n))
+    w = 1 + 0.25 * rng.standard_normal(n)
+    dy = rng.standard_normal((rows, n))
+    return observe(planted_dx(x, w, dy, eps, scale), x, n, w, eps=eps, quantity="dx", dy=dy)
+
+
+@pytest.mark.parametrize("scale", [0.0, 2.0, 0.5, -1.0, 64.0, 1.0])
+def test_fit_projection_recovers_the_planted_scale(rng, scale):
+    """dx = direct − s·through planted with s: the least-squares s over two dx cases of
+    different sizes is s to 1e-12 (float64 dx)."""
+    cases = [_dx_case(rng, 6, 64, scale), _dx_case(rng, 3, 48, scale)]
+    assert abs(diagnosis.fit_projection(cases, diagnosis.CORRECT) - scale) <= 1e-12
+
+
+def test_fit_projection_pools_the_cases_it_can_predict(rng):
+    """A y case listed first, and a case the base mutation does not apply to (the last-dim
+    statistic on a 1-D shape), are skipped; the two dx cases after them give s."""
+    y = observe(rms64(np.ones((2, 8)), 1.0, 1e-6), np.ones((2, 8)), 8, None, eps=1e-6)
+    flat = _dx_case(rng, 4, 16, 2.0)
+    x = rng.standard_normal((3, 4, 8))
+    w = 1 + 0.25 * rng.standard_normal((4, 8))
+    dy = rng.standard_normal((3, 4, 8))
+    # the statistic over the last dim only: per (row, group of 8)
+    rstd = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + 1e-6)
+    xhat, g = x * rstd, dy * w
+    dx = rstd * (g - 2.0 * xhat * np.mean(g * xhat, axis=-1, keepdims=True))
+    grouped = observe(dx, x, (4, 8), w, eps=1e-6, quantity="dx", dy=dy)
+    base = H(stat_group="last")
+    assert abs(diagnosis.fit_projection([y, flat, grouped, grouped], base) - 2.0) <= 1e-12
+
+
+def test_fit_projection_has_nothing_to_fit_without_a_dx_case(rng):
+    """Only y cases, or none: no scale."""
+    x = rng.standard_normal((2, 8))
+    y = observe(rms64(x, 1.0, 1e-6), x, 8, None, eps=1e-6)
+    assert diagnosis.fit_projection([y], diagnosis.CORRECT) is None
+    assert diagnosis.fit_projection([], diagnosis.CORRECT) is None
+
+
+def test_fit_projection_skips_rows_the_kernel_returned_nan_for(rng):
+    """A row of zeros with eps = 0 is 0/0 in every formula: the kernel's nan there is left out
+    and the other rows give s = 2 to 1e-12."""
+    x = rng.standard_normal((4, 16))
+    x[1] = 0.0
+    w = 1 + 0.25 * rng.standard_normal(16)
+    dy = rng.standard_normal((4, 16))
+    with np.errstate(all="ignore"):
+        got = planted_dx(x, w, dy, 0.0, 2.0)
+        obs = observe(got, x, 16, w, eps=0.0, quantity="dx", dy=dy)
+    assert np.isnan(got[1]).all()
+    assert abs(diagnosis.fit_projection([obs], diagnosis.CORRECT) - 2.0) <= 1e-12
+
+
+# ---- _snap_scale -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("s,ns,expected", [
+    (63.7, [64], [64.0, 2.0, 64 / 63]),                      # N
+    (1.0161, [64], [64 / 63, 63 / 64, 0.5]),             # N/(N−1) first
+    (0.9843, [64], [63 / 64, 64 / 63, 0.5]),             # (N−1)/N first
+    (0.0158, [64], [1 / 64, 0.0, 0.5]),                  # 1/N
+    (-0.9, [8, 64], [-1.0, 0.0, 1 / 64]),                # the fixed scales, any N
+    (1.9, [2], [2.0, 0.5, 0.0]),                         # N = 2: N/(N−1) = N = 2, (N−1)/N = ½
+    (0.9, [1], [1.0, 0.5, 0.0]),                         # N = 1: N/max(N−1, 1) = 1
+])
+def test_snap_scale_offers_the_three_nearest_exact_scales_then_the_fit(s, ns, expected):
+    """The candidates near a fitted scale s are the three values real bugs produce nearest to
+    it (for every N of the cases), then s itself."""
+    assert diagnosis._snap_scale(s, ns) == [*expected, s]
+
+
+def test_snap_scale_does_not_repeat_a_fit_that_is_exact():
+    """A fit equal to an exact scale is offered once."""
+    assert diagnosis._snap_scale(2.0, [64]) == [2.0, 64 / 63, 63 / 64]
+    assert diagnosis._snap_scale(64.0, [64]) == [64.0, 2.0, 64 / 63]
+
+
+# ---- fit_dweight_rows --------------------------------------------------------------------------
+
+
+def _dweight_case(rng, rows, n, keep, eps=1e-6, scale=1.0):
+    """dweight summed over the rows ``keep`` selects (a slice), of x scaled by ``scale``."""
+    x = scale * rng.standard_normal((rows, n))
+    w = 1 + 0.25 * rng.standard_normal(n)
+    dy = rng.standard_normal((rows, n))
+    xhat = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    dw = np.sum((dy * xhat)[keep], axis=0)
+    return observe(dw, x, n, w, eps=eps, quantity="dweight", dy=dy)
+
+
+def test_dweight_over_a_prefix_of_the_rows_is_found(rng):
+    """dweight summed over the first 4 of 6 rows: "prefix:4" is among the fits, and the
+    hypothesis it names reproduces the kernel's dweight inside the bound."""
+    obs = _dweight_case(rng, 6, 32, slice(0, 4))
+    fits = diagnosis.fit_dweight_rows([obs])
+    assert "prefix:4" in fits
+    assert diagnosis.score(H(dweight="prefix:4"), obs).ratio <= 1.0
+    assert fits == sorted(set(fits))
+
+
+def test_dweight_over_a_suffix_of_the_rows_is_found(rng):
+    """dweight summed over the last 2 of 6 rows, on rows of mean square 1e-6 with eps 1e-6
+    (x̂ depends on eps): "suffix:2" is among the fits."""
+    obs = _dweight_case(rng, 6, 32, slice(4, 6), scale=1e-3)
+    fits = diagnosis.fit_dweight_rows([obs])
+    assert "suffix:2" in fits
+    assert diagnosis.score(H(dweight="suffix:2"), obs).ratio <= 1.0
+
+
+def test_dweight_over_the_first_row_alone_is_a_prefix_of_one(rng):
+    """dweight of row 0 only: "prefix:1"."""
+    obs = _dweight_case(rng, 5, 16, slice(0, 1))
+    assert "prefix:1" in diagnosis.fit_dweight_rows([obs])
+
+
+def test_a_dweight_over_every_row_names_no_partial_reduction(rng):
+    """The correct sum over all rows fits no prefix or suffix (both best at k = rows); y and
+    dx cases are not read."""
+    obs = _dweight_case(rng, 6, 32, slice(0, 6))
+    dx = _dx_case(rng, 6, 32, 1.0)
+    assert diagnosis.fit_dweight_rows([obs, dx]) == []
+    assert diagnosis.fit_dweight_rows([dx, _dweight_case(rng, 6, 32, slice(0, 3))])[0] == \
+        "prefix:3"
