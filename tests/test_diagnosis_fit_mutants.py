@@ -177,18 +177,67 @@ def test_the_readback_divides_by_the_mutation_s_numerator_and_weight(rng):
     np.testing.assert_allclose(back, r, rtol=1e-13)
 
 
-def test_the_readback_ignores_elements_whose_denominator_vanishes(rng):
-    """Elements where x·w underflows to (nearly) zero are skipped even where y is not zero:
-    one such element per row cannot move the median, several could."""
-    x = rng.standard_normal((3, 8))
-    w = 1 + 0.25 * rng.standard_normal(8)
-    w[:5] = 1e-300
-    x[:, :5] = 1e-20                                          # x·w = 1e-320, a subnormal
+def test_the_readback_skips_vanishing_denominators_and_non_finite_quotients(rng):
+    """Ten of sixteen weights are 1e-300. Row 0: where x·w underflows to a subnormal (1e-320)
+    the kernel left a subnormal 1e-310 (a finite but meaningless quotient 1e10); row 1: the
+    kernel returned nan in four of the other places. Both are skipped, and each row reads back
+    its rstd, 3, from what is left."""
+    x = rng.standard_normal((2, 16))
+    w = 1 + 0.25 * rng.standard_normal(16)
+    w[:10] = 1e-300
+    x[0, :10] = 1e-20                                         # x·w = 1e-320, a subnormal
     got = 3.0 * x * w
-    got[:, :5] = 1.0                                          # what a kernel left there
-    obs = observe(got, x, 8, w, eps=1e-6)
+    got[0, :10] = 1e-310                                      # what a kernel left there
+    got[1, 10:14] = np.nan
+    obs = observe(3.0 * x * w, x, 16, w, eps=1e-6)
+    obs.got = got
     np.testing.assert_allclose(diagnosis._readback_rstd(obs, diagnosis.CORRECT), 3.0,
                                rtol=1e-14)
+
+
+def test_the_readback_divides_by_the_convention_s_own_offset(rng):
+    """Gemma's convention stores w and multiplies by 1 + w; a kernel that used 2 + w reads
+    back its rstd under the hypothesis offset = 1 (1 + 1 + w), not under 0 + 1 + w."""
+    x = rng.standard_normal((3, 16))
+    w = 0.25 * rng.standard_normal(16)
+    r = np.array([[0.5], [1.0], [2.0]])
+    obs = observe(x * r * (w + 2.0), x, 16, w, eps=1e-6, convention="gemma")
+    assert obs.offset == 1.0
+    np.testing.assert_allclose(diagnosis._readback_rstd(obs, H(offset=1.0)), r, rtol=1e-13)
+
+
+def test_the_fits_warn_of_nothing_on_zero_rows_and_zero_outputs(rng):
+    """A row of zeros (0/0 in the readback, x̂ = 0 in the offset fit) and a kernel that returns
+    zeros for a row of ordinary values (rstd read back as 0: 1/0 in the eps fit): the fits
+    judge those elements themselves and spill no RuntimeWarning; the other rows still give
+    eps = 1e-5 and δ = 1."""
+    import warnings
+
+    x = 1e-2 * rng.standard_normal((6, 64))
+    x[1] = 0.0
+    w = 0.25 * rng.standard_normal(64)
+    got = rms64(x, w, 1e-5, offset=1.0)
+    got[4] = 0.0
+    obs = observe(got, x, 64, w, eps=1e-5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        r = diagnosis._readback_rstd(obs, diagnosis.CORRECT)
+        eps = diagnosis.fit_eps([obs], H(offset=1.0))
+        offset = diagnosis.fit_offset([obs])
+    assert np.isnan(r[1, 0]) and r[4, 0] == 0.0
+    assert abs(eps - 1e-5) <= 1e-9 * 1e-5
+    assert offset == 1.0
+
+
+def test_a_row_without_an_rstd_to_read_is_left_out_of_the_eps_fit(rng):
+    """A row of zeros reads back no rstd (nan): it is no evidence, and the eps fitted from the
+    other rows is the planted 1e-5 to 1e-9, as without it."""
+    x = 1e-2 * rng.standard_normal((5, 64))
+    x[2] = 0.0
+    w = 1 + 0.25 * rng.standard_normal(64)
+    obs = observe(rms64(x, w, 1e-5), x, 64, w, eps=1e-6)
+    v = diagnosis.fit_eps([obs], diagnosis.CORRECT)
+    assert abs(v - 1e-5) <= 1e-9 * 1e-5
 
 
 # ---- fit_offset --------------------------------------------------------------------------------
@@ -248,6 +297,34 @@ def test_fit_offset_reads_only_where_x_hat_is_not_small(rng):
     assert diagnosis.fit_offset([obs]) == 1.0
 
 
+def test_fit_offset_forms_x_hat_with_each_row_s_own_rstd(rng):
+    """Rows of magnitudes 1e-2 to 1e2: x̂ uses each row's mean square (one mean over the batch
+    would be off by up to 1e4 on a row) and δ = 1 is found."""
+    x = rng.standard_normal((5, 64)) * 10.0 ** np.arange(-2, 3)[:, None]
+    w = 0.25 * rng.standard_normal(64)
+    obs = observe(rms64(x, w, 1e-6, offset=1.0), x, 64, w, eps=1e-6)
+    assert diagnosis.fit_offset([obs]) == 1.0
+
+
+def test_fit_offset_is_measured_from_the_convention_s_own_offset(rng):
+    """Under Gemma's convention (1 + w expected) a kernel that used 2 + w is one off: δ = 1;
+    one that used 1 + w as expected is not off at all."""
+    x = rng.standard_normal((4, 64))
+    w = 0.25 * rng.standard_normal(64)
+    obs = observe(rms64(x, w, 1e-6, offset=2.0), x, 64, w, eps=1e-6, convention="gemma")
+    assert diagnosis.fit_offset([obs]) == 1.0
+    obs = observe(rms64(x, w, 1e-6, offset=1.0), x, 64, w, eps=1e-6, convention="gemma")
+    assert diagnosis.fit_offset([obs]) is None
+
+
+def test_fit_offset_on_rows_of_equal_magnitudes(rng):
+    """Rows of ±c (a sign pattern): |x̂| = 1 in every element, all of them evidence, δ = 1."""
+    x = np.sign(rng.standard_normal((4, 64))) * np.array([[0.5], [1.0], [2.0], [3.0]])
+    w = 0.25 * rng.standard_normal(64)
+    obs = observe(rms64(x, w, 1e-6, offset=1.0), x, 64, w, eps=1e-6)
+    assert diagnosis.fit_offset([obs]) == 1.0
+
+
 # ---- fit_projection ----------------------------------------------------------------------------
 
 
@@ -292,14 +369,16 @@ def test_fit_projection_has_nothing_to_fit_without_a_dx_case(rng):
 
 
 def test_fit_projection_skips_rows_the_kernel_returned_nan_for(rng):
-    """A row of zeros with eps = 0 is 0/0 in every formula: the kernel's nan there is left out
-    and the other rows give s = 2 to 1e-12."""
-    x = rng.standard_normal((4, 16))
+    """A row of zeros with eps = 0 is 0/0 in every formula (predictions and kernel alike), and
+    the kernel returned nan on a row the predictions have numbers for: both are left out and
+    the other rows give s = 2 to 1e-12."""
+    x = rng.standard_normal((5, 16))
     x[1] = 0.0
     w = 1 + 0.25 * rng.standard_normal(16)
-    dy = rng.standard_normal((4, 16))
+    dy = rng.standard_normal((5, 16))
     with np.errstate(all="ignore"):
         got = planted_dx(x, w, dy, 0.0, 2.0)
+        got[3] = np.nan
         obs = observe(got, x, 16, w, eps=0.0, quantity="dx", dy=dy)
     assert np.isnan(got[1]).all()
     assert abs(diagnosis.fit_projection([obs], diagnosis.CORRECT) - 2.0) <= 1e-12
@@ -359,6 +438,25 @@ def test_dweight_over_a_suffix_of_the_rows_is_found(rng):
     fits = diagnosis.fit_dweight_rows([obs])
     assert "suffix:2" in fits
     assert diagnosis.score(H(dweight="suffix:2"), obs).ratio <= 1.0
+
+
+def test_dweight_over_a_suffix_of_rows_of_growing_magnitude_is_that_suffix_alone(rng):
+    """Rows of magnitudes 1e-3 to 1e2, dweight over the last 2: the suffix is read from the
+    last row up, with each row's own rstd, and no prefix comes close (the best is all rows)."""
+    x = rng.standard_normal((6, 32)) * 10.0 ** np.arange(-3, 3)[:, None]
+    w = 1 + 0.25 * rng.standard_normal(32)
+    dy = rng.standard_normal((6, 32)) * 10.0 ** np.arange(6)[:, None]
+    xhat = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + 1e-6)
+    obs = observe(np.sum((dy * xhat)[4:], axis=0), x, 32, w, eps=1e-6, quantity="dweight",
+                  dy=dy)
+    assert diagnosis.fit_dweight_rows([obs]) == ["suffix:2"]
+
+
+def test_dweight_on_rows_far_below_eps_is_fitted_with_eps(rng):
+    """Rows of mean square 1e-10 with eps = 1e-6: x̂ = x/sqrt(eps) nearly, and the last two
+    rows are found (without eps, or with −eps, x̂ is off by orders of magnitude or nan)."""
+    obs = _dweight_case(rng, 6, 32, slice(4, 6), scale=1e-5)
+    assert "suffix:2" in diagnosis.fit_dweight_rows([obs])
 
 
 def test_dweight_over_the_first_row_alone_is_a_prefix_of_one(rng):
