@@ -473,3 +473,133 @@ def test_a_dweight_over_every_row_names_no_partial_reduction(rng):
     assert diagnosis.fit_dweight_rows([obs, dx]) == []
     assert diagnosis.fit_dweight_rows([dx, _dweight_case(rng, 6, 32, slice(0, 3))])[0] == \
         "prefix:3"
+
+
+# ---- predict: the mutated forward against the same mistake planted in NumPy --------------------
+
+
+def _stat_block_y(x, w, eps):
+    """The statistic skips the last partial block of 32 columns (N = 72: columns 64..71)."""
+    ms = np.sum(x[:, :64] ** 2, axis=-1, keepdims=True) / x.shape[-1]
+    return x / np.sqrt(ms + eps) * w
+
+
+def _batch_axis_y(x, w, eps):
+    """The statistic over the batch axis: one mean of squares per column."""
+    return x / np.sqrt(np.mean(x * x, axis=0, keepdims=True) + eps) * w
+
+
+#: (hypothesis, planted float64 forward f(x, w, eps) of x (6, 72) and w (72,), eps 1e-3)
+PLANTED_Y = [
+    (H(eps_outside=True), lambda x, w, e: planted_y(x, w, e, outside=True)),
+    (H(centre_stat=True), lambda x, w, e: planted_y(x, w, e, centred=True)),
+    (H(centre_stat=True, centre_num=True),
+     lambda x, w, e: planted_y(x, w, e, centred=True, centred_num=True)),
+    (H(centre_num=True), lambda x, w, e: planted_y(x, w, e, centred_num=True)),
+    (H(divisor="N-1"), lambda x, w, e: planted_y(x, w, e, divisor=71)),
+    (H(divisor="1"), lambda x, w, e: planted_y(x, w, e, divisor=1)),
+    (H(eps=1e-5, eps_scope="all"), lambda x, w, e: planted_y(x, w, 1e-5)),
+    (H(eps=0.0, eps_scope="all"), lambda x, w, e: planted_y(x, w, 0.0)),
+    (H(offset=1.0), lambda x, w, e: planted_y(x, w + 1.0, e)),
+    (H(offset=-1.0), lambda x, w, e: planted_y(x, w - 1.0, e)),
+    (H(stat_block=32), _stat_block_y),
+    (H(stat_group="rows"), _batch_axis_y),
+]
+
+
+def _ids(cases):
+    return ["-".join(h.codes()) + f"-{i}" for i, (h, _) in enumerate(cases)]
+
+
+@pytest.mark.parametrize("h,planted", PLANTED_Y, ids=_ids(PLANTED_Y))
+def test_the_mutated_forward_is_the_planted_one(rng, h, planted):
+    """In float64, the prediction of mutation ``h`` is the planted kernel's output to 1e-13
+    relative, and it explains the case (ratio <= 1) where the correct reference does not.
+    Rows of mean 0.5 (so removing the mean matters) and mean square ~1e-2 (so eps 1e-3
+    matters)."""
+    x = 0.1 * (rng.standard_normal((6, 72)) + 0.5)
+    w = 1 + 0.25 * rng.standard_normal(72)
+    got = planted(x, w, 1e-3)
+    obs = observe(got, x, 72, w, eps=1e-3)
+    assert not obs.passed
+    pred = diagnosis.predict(h, obs)
+    np.testing.assert_allclose(pred.exact, got, rtol=1e-13, atol=0)
+    assert pred.emulated is None                                  # no bits to emulate in float64
+    assert diagnosis.score(h, obs).ratio <= 1.0
+
+
+def test_the_last_dim_statistic_is_one_mean_per_group_of_the_last_dim(rng):
+    """normalized_shape (4, 8) with the statistic over the last 8 only: predicted exactly."""
+    x = rng.standard_normal((3, 4, 8)) + 0.5
+    w = 1 + 0.25 * rng.standard_normal((4, 8))
+    got = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + 1e-3) * w
+    obs = observe(got, x, (4, 8), w, eps=1e-3)
+    assert not obs.passed
+    pred = diagnosis.predict(H(stat_group="last"), obs)
+    np.testing.assert_allclose(pred.exact, got.reshape(3, 32), rtol=1e-13, atol=0)
+
+
+def test_a_weightless_kernel_has_no_offset_to_get_wrong(rng):
+    """Without a weight the offset mutation predicts x̂ itself (the correct output)."""
+    x = rng.standard_normal((4, 16))
+    got = planted_y(x, 1.0, 1e-6)
+    obs = observe(got, x, 16, None, eps=1e-6)
+    np.testing.assert_allclose(diagnosis.predict(H(offset=1.0), obs).exact, got, rtol=1e-14)
+
+
+def test_float64_computed_in_float32_is_predicted_in_float32(rng):
+    """A float64 kernel that computes in float32: its output, to float32's bound; the same
+    mutation does not apply to a float32 case."""
+    x = rng.standard_normal((6, 64))
+    w = 1 + 0.25 * rng.standard_normal(64)
+    x32, w32 = x.astype(np.float32), w.astype(np.float32)
+    got = (x32 / np.sqrt(np.mean(x32 * x32, axis=-1, keepdims=True) + np.float32(1e-6)) * w32)
+    obs = observe(got.astype(np.float64), x, 64, w, eps=1e-6)
+    assert not obs.passed
+    h = H(as_float32=True)
+    pred = diagnosis.predict(h, obs)
+    exact = x32.astype(np.float64) / np.sqrt(np.mean(x32.astype(np.float64) ** 2, axis=-1,
+                                                     keepdims=True) + 1e-6) * w
+    np.testing.assert_allclose(pred.exact, exact, rtol=1e-14)
+    assert diagnosis.score(h, obs).ratio <= 1.0
+    obs32 = observe(got, x32, 64, w32, eps=1e-6)
+    assert diagnosis.predict(h, obs32) is None
+
+
+# ---- predict: the mutated backward is the derivative of the mutated forward --------------------
+
+
+def _perturbed(obs, x=None, w=None):
+    from dataclasses import replace
+    return replace(obs, x=obs.x if x is None else x, weight=obs.weight if w is None else w,
+                   _cache={})
+
+
+#: the forward mutations whose backward the family derives (float64: no roundings)
+DERIVED = [H(), H(eps_outside=True), H(centre_stat=True), H(centre_num=True),
+           H(centre_stat=True, centre_num=True), H(divisor="N-1"), H(divisor="1"),
+           H(offset=1.0), H(stat_block=32), H(stat_group="rows"), H(eps=0.0, eps_scope="all")]
+
+
+@pytest.mark.parametrize("h", DERIVED, ids=lambda h: "-".join(h.codes()) or "correct")
+def test_the_mutated_backward_is_the_derivative_of_the_mutated_forward(rng, h):
+    """For L = Σ dy·y(x, w) with y the mutation's predicted forward: the predicted dx and
+    dweight match central differences of L along a random direction (to 1e-7 relative)."""
+    x = 0.1 * (rng.standard_normal((5, 72)) + 0.5)
+    w = 1 + 0.25 * rng.standard_normal(72)
+    dy = rng.standard_normal((5, 72))
+    y_obs = observe(planted_y(x, w, 1e-3), x, 72, w, eps=1e-3)
+    zero = np.zeros((5, 72))
+    dx = diagnosis.predict(h, observe(zero, x, 72, w, eps=1e-3, quantity="dx", dy=dy)).exact
+    dw = diagnosis.predict(h, observe(zero[:1], x, 72, w, eps=1e-3, quantity="dweight",
+                                      dy=dy)).exact
+
+    def loss(xv, wv):
+        return float(np.sum(dy * diagnosis.predict(h, _perturbed(y_obs, xv, wv)).exact))
+
+    step = 1e-6
+    vx, vw = rng.standard_normal(x.shape), rng.standard_normal(w.shape)
+    fd_x = (loss(x + step * vx, w) - loss(x - step * vx, w)) / (2 * step)
+    fd_w = (loss(x, w + step * vw) - loss(x, w - step * vw)) / (2 * step)
+    assert abs(np.sum(dx * vx) - fd_x) <= 1e-7 * np.sum(np.abs(dx * vx))
+    assert abs(np.sum(dw * vw) - fd_w) <= 1e-7 * np.sum(np.abs(dw * vw))
