@@ -6,10 +6,14 @@ rmsref.tolerance model."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from rmsref import diagnosis
+from rmsref import tolerance as tol
+from rmsref._shapes import bfloat16
 
 from .test_diagnosis_mutants import observe
 
@@ -508,7 +512,7 @@ PLANTED_Y = [
 
 
 def _ids(cases):
-    return ["-".join(h.codes()) + f"-{i}" for i, (h, _) in enumerate(cases)]
+    return ["-".join(c[0].codes()) + f"-{i}" for i, c in enumerate(cases)]
 
 
 @pytest.mark.parametrize("h,planted", PLANTED_Y, ids=_ids(PLANTED_Y))
@@ -570,7 +574,6 @@ def test_float64_computed_in_float32_is_predicted_in_float32(rng):
 
 
 def _perturbed(obs, x=None, w=None):
-    from dataclasses import replace
     return replace(obs, x=obs.x if x is None else x, weight=obs.weight if w is None else w,
                    _cache={})
 
@@ -603,3 +606,141 @@ def test_the_mutated_backward_is_the_derivative_of_the_mutated_forward(rng, h):
     fd_w = (loss(x, w + step * vw) - loss(x, w - step * vw)) / (2 * step)
     assert abs(np.sum(dx * vx) - fd_x) <= 1e-7 * np.sum(np.abs(dx * vx))
     assert abs(np.sum(dw * vw) - fd_w) <= 1e-7 * np.sum(np.abs(dw * vw))
+
+
+# ---- predict on 16-bit outputs: the roundings a mutation adds, emulated bit for bit -----------
+
+BF16 = np.dtype(bfloat16)
+F32 = np.float32
+
+
+def _half_case(rng, dtype=BF16, rows=8, n=256, scale=1.0):
+    x = (scale * rng.standard_normal((rows, n))).astype(dtype)
+    w = (1 + 0.25 * rng.standard_normal(n)).astype(dtype)
+    return x, w
+
+
+def _xhat32(x, eps):
+    xf = x.astype(F32)
+    return xf / np.sqrt(np.mean(xf * xf, axis=-1, keepdims=True) + F32(eps))
+
+
+def _llama_order(x, w, eps):
+    """x̂ rounded to the input dtype before the weight multiplies it."""
+    return (_xhat32(x, eps).astype(x.dtype).astype(F32) * w.astype(F32)).astype(x.dtype)
+
+
+def _truncating_pack(x, w, eps):
+    """float32 -> bfloat16 by dropping the low 16 bits (a hand-written pack)."""
+    y = np.ascontiguousarray(_xhat32(x, eps) * w.astype(F32))
+    return (y.view(np.uint32) & np.uint32(0xFFFF0000)).view(F32).astype(x.dtype)
+
+
+def _no_upcast(rsqrt_of_rounded_sqrt):
+    """The whole forward in the input dtype (each operation rounded to it), the mean's sum in
+    float32; rsqrt rounded once, or sqrt rounded and then 1/· rounded (torch's half rsqrt)."""
+    def f(x, w, eps):
+        dt = x.dtype
+        x2 = x * x                                                  # R_t(x²)
+        ms = (np.sum(x2.astype(F32), axis=-1, keepdims=True) / F32(x.shape[-1])).astype(dt)
+        s_eps = (ms.astype(F32) + F32(eps)).astype(dt)
+        q = np.sqrt(s_eps.astype(F32))
+        r = (F32(1) / q.astype(dt).astype(F32) if rsqrt_of_rounded_sqrt
+             else F32(1) / q).astype(dt)
+        return (x * r) * w                                          # R_t(x·r), then R_t(·w)
+    return f
+
+
+def _sequential_acc(x, w, eps):
+    """acc += x·x in the input dtype, then a float32 rstd and output (bf16_acc)."""
+    acc = np.zeros((x.shape[0], 1), x.dtype)
+    for j in range(x.shape[-1]):
+        acc += x[:, j:j + 1] * x[:, j:j + 1]
+    ms = acc.astype(F32) / F32(x.shape[-1])
+    return (x.astype(F32) / np.sqrt(ms + F32(eps)) * w.astype(F32)).astype(x.dtype)
+
+
+#: (hypothesis, planted 16-bit forward f(x, w, eps), the output roundings it adds)
+PLANTED_HALF = [
+    (H(rounding="double"), _llama_order, 1),
+    (H(rounding="trunc"), _truncating_pack, 1),
+    (H(precision="native"), _no_upcast(False), 2),
+    (H(precision="native_div"), _no_upcast(True), 2),
+    (H(precision="sequential"), _sequential_acc, 0),
+]
+
+
+@pytest.mark.parametrize("h,planted,k_extra", PLANTED_HALF, ids=_ids(PLANTED_HALF))
+def test_a_16_bit_mutation_reproduces_the_planted_kernel_s_bits(rng, h, planted, k_extra):
+    """bfloat16, N = 256: the mutation's emulated output equals the planted kernel's on at
+    least 95 % of the elements (the correct computation's on fewer), its exact value is inside
+    its bound, and that bound is the tolerance model's with the mutation's extra roundings (and
+    the statistic's sums in bfloat16 for a low-precision statistic)."""
+    x, w = _half_case(rng)
+    eps = 2.0**-23
+    got = planted(x, w, eps)
+    obs = observe(got, x, 256, w)
+    pred = diagnosis.predict(h, obs)
+    same = np.mean(pred.emulated == obs.got)
+    assert same >= 0.95
+    s, correct = diagnosis.score(h, obs), diagnosis.score(diagnosis.CORRECT, obs)
+    assert s.ratio <= 1.0 and s.match == same > correct.match
+    model = replace(obs.model, k_out=obs.model.k_out + k_extra,
+                    acc_dtype=BF16 if h.precision else obs.model.acc_dtype)
+    np.testing.assert_array_equal(pred.bound, tol.bound_y(pred.exact, model))
+
+
+@pytest.mark.parametrize("h", [H(rounding="double"), H(rounding="trunc"),
+                               H(precision="native"), H(precision="sequential")], ids=str)
+def test_16_bit_mutations_do_not_apply_to_float32(rng, h):
+    """Last-bit effects of 16-bit types: no prediction for a float32 case."""
+    x = rng.standard_normal((4, 32)).astype(F32)
+    obs = observe(_xhat32(x, 1e-6), x, 32, None, eps=1e-6)
+    assert diagnosis.predict(h, obs) is None
+
+
+def test_the_correct_16_bit_output_is_emulated_by_one_rounding(rng):
+    """The correct computation on bfloat16: the float64 value rounded once, which a float32
+    kernel reproduces on at least 95 % of the elements; its bound is the model's own."""
+    x, w = _half_case(rng)
+    got = (_xhat32(x, 2.0**-23) * w.astype(F32)).astype(BF16)
+    obs = observe(got, x, 256, w)
+    pred = diagnosis.predict(diagnosis.CORRECT, obs)
+    assert np.mean(pred.emulated == obs.got) >= 0.95
+    np.testing.assert_array_equal(pred.bound, tol.bound_y(pred.exact, obs.model))
+
+
+def test_a_weight_offset_rounded_in_the_weight_s_dtype_is_reproduced(rng):
+    """Gemma's 1 + w formed in bfloat16 (rounded) where the convention keeps it exact: the
+    mutation predicts the kernel's bits (>= 95 %) and one more rounding in its bound."""
+    x, w = _half_case(rng)
+    w = (0.05 * rng.standard_normal(256)).astype(BF16)             # 1 + w loses w's low bits
+    got = (_xhat32(x, 1e-6) * (F32(1) + w.astype(F32)).astype(BF16).astype(F32)).astype(BF16)
+    obs = observe(got, x, 256, w, eps=1e-6, convention="gemma")
+    h = H(offset_rounded=True)
+    pred = diagnosis.predict(h, obs)
+    assert np.mean(pred.emulated == obs.got) >= 0.95
+    assert diagnosis.score(h, obs).ratio <= 1.0
+    # no offset to round: without a weight, with a float32 weight, or with offset 0
+    assert diagnosis.predict(h, observe(got, x, 256, None, eps=1e-6, convention="gemma")) is None
+    w32 = w.astype(F32)
+    assert diagnosis.predict(h, observe(got, x, 256, w32, eps=1e-6, convention="gemma")) is None
+    assert diagnosis.predict(h, observe(got, x, 256, w, eps=1e-6)) is None
+
+
+def test_a_centred_statistic_s_bound_grows_with_the_cancellation(rng):
+    """A float32 LayerNorm-style kernel (x − μ, the variance) on rows of mean 10 and deviation
+    0.1: removing the mean cancels about 10 bits, and the centred mutation's bound widens to
+    hold the kernel's float32 output (ratio <= 1) where the plain bound would not."""
+    x = (10.0 + 0.1 * rng.standard_normal((8, 256))).astype(F32)
+    w = (1 + 0.25 * rng.standard_normal(256)).astype(F32)
+    mu = np.mean(x, axis=-1, keepdims=True, dtype=F32)
+    a = x - mu
+    var = np.mean(a * a, axis=-1, keepdims=True, dtype=F32)
+    got = a / np.sqrt(var + F32(1e-6)) * w
+    obs = observe(got, x, 256, w, eps=1e-6)
+    h = H(centre_stat=True, centre_num=True)
+    pred = diagnosis.predict(h, obs)
+    assert diagnosis.score(h, obs).ratio <= 1.0
+    plain = tol.bound_y(pred.exact, obs.model)
+    assert np.max(tol.abs_error(obs.got, pred.exact) / plain) > 1.0
