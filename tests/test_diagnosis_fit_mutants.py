@@ -614,7 +614,7 @@ BF16 = np.dtype(bfloat16)
 F32 = np.float32
 
 
-def _half_case(rng, dtype=BF16, rows=8, n=256, scale=1.0):
+def _half_case(rng, dtype=BF16, rows=64, n=256, scale=1.0):
     x = (scale * rng.standard_normal((rows, n))).astype(dtype)
     w = (1 + 0.25 * rng.standard_normal(n)).astype(dtype)
     return x, w
@@ -744,3 +744,269 @@ def test_a_centred_statistic_s_bound_grows_with_the_cancellation(rng):
     assert diagnosis.score(h, obs).ratio <= 1.0
     plain = tol.bound_y(pred.exact, obs.model)
     assert np.max(tol.abs_error(obs.got, pred.exact) / plain) > 1.0
+
+
+# ---- predict: the backward's bound and the backward's own 16-bit mistakes ----------------------
+
+
+def _bwd_half_case(rng, rows=16, n=128):
+    x, w = _half_case(rng, rows=rows, n=n)
+    dy = rng.standard_normal((rows, n)).astype(BF16)
+    return x, w, dy
+
+
+def _terms_size(x, w, dy, eps, scale=1.0):
+    """M_i = rstd·|w_i·dy_i| + |s|·rstd·|x̂_i|·Σ_j |x̂_j·w_j·dy_j| / N: the size of dx's two
+    terms before they cancel (rmsref.tolerance's M, the path through rstd scaled by s)."""
+    x, w, dy = (np.asarray(a, np.float64) for a in (x, w, dy))
+    rstd = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    xhat, g = x * rstd, dy * w
+    return rstd * np.abs(g) + abs(scale) * rstd * np.abs(xhat) * np.mean(np.abs(g * xhat),
+                                                                          axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("h,k_extra,scale", [
+    (diagnosis.CORRECT, 0, 1.0), (H(rounding="double"), 1, 1.0), (H(rounding="trunc"), 1, 1.0),
+    (H(projection=2.0), 0, 2.0), (H(projection=-1.0), 0, -1.0), (H(projection="N"), 0, 128.0),
+    (H(separate_terms=True), 1, 1.0),
+], ids=lambda v: str(v) if not isinstance(v, H) else "-".join(v.codes()) or "correct")
+def test_the_dx_bound_is_the_model_s_for_the_size_of_the_mutation_s_terms(rng, h, k_extra,
+                                                                          scale):
+    """bfloat16 dx: the bound is rmsref.tolerance's eq. (dx) for the size of the mutation's own
+    two terms (the path through rstd scaled by |s|) with one more output rounding per rounding
+    the mutation adds (autograd replays the forward's roundings; dx's terms rounded apart)."""
+    x, w, dy = _bwd_half_case(rng)
+    eps = 2.0**-23
+    obs = observe(np.zeros((16, 128)), x, 128, w, quantity="dx", dy=dy)
+    pred = diagnosis.predict(h, obs)
+    model = replace(obs.model, k_out=obs.model.k_out + k_extra)
+    m = _terms_size(x, w, dy, eps, scale)
+    np.testing.assert_allclose(pred.bound, tol.bound_dx_of_magnitude(pred.exact, m, model),
+                               rtol=1e-12)
+
+
+def test_a_rounded_offset_adds_a_rounding_to_the_backward_too(rng):
+    """Gemma's 1 + w rounded in bfloat16: dx is predicted with the rounded scale and one more
+    output rounding in its bound."""
+    x, _, dy = _bwd_half_case(rng)
+    w = (0.05 * rng.standard_normal(128)).astype(BF16)
+    obs = observe(np.zeros((16, 128)), x, 128, w, quantity="dx", dy=dy, convention="gemma")
+    pred = diagnosis.predict(H(offset_rounded=True), obs)
+    w_used = (F32(1) + w.astype(F32)).astype(BF16)                # R_w(1 + w)
+    m = _terms_size(x, w_used, dy, 1e-6)
+    model = replace(obs.model, k_out=obs.model.k_out + 1)
+    np.testing.assert_allclose(pred.exact, planted_dx(x.astype(np.float64), w_used.astype(
+        np.float64), dy.astype(np.float64), 1e-6, 1.0), rtol=1e-12, atol=1e-300)
+    np.testing.assert_allclose(pred.bound, tol.bound_dx_of_magnitude(pred.exact, m, model),
+                               rtol=1e-12)
+
+
+@pytest.mark.parametrize("precision", ["native", "native_div", "sequential"])
+def test_a_low_precision_statistic_widens_the_backward_s_bound(rng, precision):
+    """The statistic in bfloat16: dx is the correct one at the rounded statistic (within a few
+    percent of the correct dx's size: 128 squares summed in bfloat16), and its bound is eq.
+    (dx) for the size of its own terms (rstd r, q = sqrt(s + eps) of the mutated statistic)
+    with two more output roundings and the sums in bfloat16."""
+    x, w, dy = _bwd_half_case(rng)
+    obs = observe(np.zeros((16, 128)), x, 128, w, quantity="dx", dy=dy)
+    h = H(precision=precision)
+    pred = diagnosis.predict(h, obs)
+    correct = diagnosis.predict(diagnosis.CORRECT, obs)
+    m_correct = _terms_size(x, w, dy, 2.0**-23)
+    assert np.max(np.abs(pred.exact - correct.exact)) <= 2.0**-4 * np.max(m_correct)
+    xf, g = obs.xrows, obs.dyrows * obs.w
+    fam = diagnosis._family(h, xf, 2.0**-23, BF16)
+    m = fam.r * np.abs(g) + fam.r**2 * np.sum(np.abs(g * xf), axis=-1, keepdims=True) \
+        * np.abs(xf) / (fam.q * 128)
+    model = replace(obs.model, k_out=obs.model.k_out + 2, acc_dtype=BF16)
+    np.testing.assert_allclose(pred.bound, tol.bound_dx_of_magnitude(pred.exact, m, model),
+                               rtol=1e-12)
+
+
+def _half_terms_dx(x, w, dy, eps):
+    """dx's two terms computed in float32, each rounded to bfloat16, then subtracted in
+    bfloat16 (where they cancel, their rounding errors are the result)."""
+    x, w, dy = (a.astype(F32) for a in (x, w, dy))
+    rstd = F32(1) / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + F32(eps))
+    xhat, g = x * rstd, dy * w
+    c = np.mean(g * xhat, axis=-1, keepdims=True)
+    return (rstd * g).astype(BF16) - (rstd * xhat * c).astype(BF16)
+
+
+def test_separately_rounded_terms_reproduce_the_planted_bits(rng):
+    """The planted kernel's bfloat16 dx is reproduced bit for bit on >= 90 % of the elements,
+    inside the mutation's bound; on float32 and float64 (no 16-bit rounding) it does not
+    apply, and the correct computation emulates float32 dx by no bits at all."""
+    x, w, dy = _bwd_half_case(rng)
+    got = _half_terms_dx(x, w, dy, 2.0**-23)
+    obs = observe(got, x, 128, w, quantity="dx", dy=dy)
+    h = H(separate_terms=True)
+    pred = diagnosis.predict(h, obs)
+    assert np.mean(pred.emulated == obs.got) >= 0.9
+    assert diagnosis.score(h, obs).ratio <= 1.0
+    correct = diagnosis.predict(diagnosis.CORRECT, obs)
+    np.testing.assert_array_equal(correct.emulated, diagnosis._rt(correct.exact, BF16))
+    x32, w32, dy32 = (a.astype(F32) for a in (x, w, dy))
+    obs32 = observe(np.zeros((16, 128)), x32, 128, w32, quantity="dx", dy=dy32)
+    assert diagnosis.predict(h, obs32) is None
+    x64, w64, dy64 = (a.astype(np.float64) for a in (x, w, dy))
+    assert diagnosis.predict(h, observe(np.zeros((16, 128)), x64, 128, w64, quantity="dx",
+                                        dy=dy64)) is None
+    assert diagnosis.predict(diagnosis.CORRECT, obs32).emulated is None
+
+
+# ---- predict: dweight ---------------------------------------------------------------------------
+
+
+def test_dweight_mutations_are_the_planted_sums(rng):
+    """float64 dweight: Σ dy·x (rstd missing), Σ dy·x̂·w (times the weight), and each
+    prediction's bound is eq. (dw) of the model."""
+    x = rng.standard_normal((6, 32))
+    w = 1 + 0.25 * rng.standard_normal(32)
+    dy = rng.standard_normal((6, 32))
+    xhat = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + 1e-6)
+    for h, planted in ((H(dweight="from_x"), np.sum(dy * x, axis=0)),
+                       (H(dweight="times_w"), np.sum(dy * xhat * w, axis=0)),
+                       (diagnosis.CORRECT, np.sum(dy * xhat, axis=0))):
+        obs = observe(planted, x, 32, w, eps=1e-6, quantity="dweight", dy=dy)
+        pred = diagnosis.predict(h, obs)
+        np.testing.assert_allclose(pred.exact, planted[None, :], rtol=1e-13)
+        assert pred.emulated is None
+        np.testing.assert_allclose(
+            pred.bound, tol.bound_dweight(pred.exact.reshape(-1), dy, xhat, obs.model)[None, :],
+            rtol=1e-12)
+        assert diagnosis.score(h, obs).ratio <= 1.0
+
+
+def test_a_half_dweight_is_emulated_and_its_row_sum_in_the_input_dtype_is_a_mutation(rng):
+    """bfloat16 dweight: the prediction's bits are the exact sum rounded once (a float32 sum
+    reproduces most of them); summing the rows in bfloat16 is the half_sum mutation, whose bound
+    sums in bfloat16, and which does not apply to float32."""
+    x, w, dy = _bwd_half_case(rng, rows=64, n=32)
+    xhat = np.asarray(_xhat32(x, 2.0**-23), np.float64)
+    terms = (dy.astype(F32) * xhat.astype(F32))
+    got32 = np.sum(terms, axis=0).astype(BF16)
+    obs = observe(got32, x, 32, w, quantity="dweight", dy=dy)
+    pred = diagnosis.predict(diagnosis.CORRECT, obs)
+    np.testing.assert_array_equal(pred.emulated, diagnosis._rt(pred.exact, BF16))
+    assert np.mean(pred.emulated == obs.got) >= 0.9
+    h = H(dweight="half_sum")
+    acc = np.zeros(32, BF16)
+    for row in terms.astype(BF16):
+        acc = (acc + row).astype(BF16)
+    obs_half = observe(acc, x, 32, w, quantity="dweight", dy=dy)
+    ph = diagnosis.predict(h, obs_half)
+    assert diagnosis.score(h, obs_half).ratio <= 1.0
+    dyf = dy.astype(np.float64)
+    xhat_ref = x.astype(np.float64) / np.sqrt(np.mean(x.astype(np.float64) ** 2, axis=-1,
+                                                      keepdims=True) + 2.0**-23)
+    model = replace(obs.model, acc_dtype=BF16)
+    np.testing.assert_allclose(
+        ph.bound, tol.bound_dweight(ph.exact.reshape(-1), dyf, xhat_ref, model)[None, :],
+        rtol=1e-12)
+    x32, w32, dy32 = (a.astype(F32) for a in (x, w, dy))
+    assert diagnosis.predict(h, observe(got32.astype(F32), x32, 32, w32, quantity="dweight",
+                                        dy=dy32)) is None
+
+
+# ---- predict: the bound of a statistic that removes the mean -----------------------------------
+
+
+def _offset_rows(rng, rows=6, n=64):
+    """Rows of different means and deviations (cancellation (μ² + σ²)/σ² from 1 to 1e4), and
+    one row of zeros (no statistic to cancel)."""
+    mean = np.array([[0.0], [10.0], [1.0], [100.0], [0.5], [0.0]])[:rows]
+    x = (mean + rng.standard_normal((rows, n))).astype(F32)
+    x[-1] = 0.0
+    return x
+
+
+def test_a_centred_statistic_widens_the_y_bound_by_its_cancellation(rng):
+    """y's bound under the variance is the model's times (Σx²)/(Σ(x − μ)²) of its row, and
+    the plain bound on a row of zeros (0/0: no cancellation); removing the mean from the
+    numerator too adds the error of forming x − μ, (2u·|x| + γ(N)·mean|x|)·rstd·|w|."""
+    x = _offset_rows(rng)
+    w = (1 + 0.25 * rng.standard_normal(64)).astype(F32)
+    obs = observe(np.zeros((6, 64)), x, 64, w, eps=1e-6)
+    xf, wf = x.astype(np.float64), w.astype(np.float64)
+    dev = xf - xf.mean(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore"):
+        cond = np.sum(xf * xf, axis=-1, keepdims=True) / np.sum(dev * dev, axis=-1, keepdims=True)
+    cond[-1] = 1.0
+    pred = diagnosis.predict(H(centre_stat=True), obs)
+    np.testing.assert_allclose(pred.bound, tol.bound_y(pred.exact, obs.model) * cond, rtol=1e-12)
+    pred = diagnosis.predict(H(centre_stat=True, centre_num=True), obs)
+    model = obs.model
+    rstd = 1.0 / np.sqrt(np.mean(dev * dev, axis=-1, keepdims=True) + 1e-6)
+    extra = (2.0 * model.u_acc * np.abs(xf) + model.gamma(64) * np.mean(
+        np.abs(xf), axis=-1, keepdims=True)) * rstd * np.abs(wf)
+    np.testing.assert_allclose(pred.bound, (tol.bound_y(pred.exact, model) + extra) * cond,
+                               rtol=1e-12)
+
+
+def test_the_numerator_s_cancellation_alone_is_held_by_its_bound(rng):
+    """A float32 kernel y = (x − μ)·rstd(x)·w (the mean removed from the numerator only) on rows
+    of mean 10 and deviation 0.1: the error of x − μ (about 10 bits lost) is inside the
+    mutation's bound, and outside the plain one."""
+    x = (10.0 + 0.1 * rng.standard_normal((8, 256))).astype(F32)
+    w = (1 + 0.25 * rng.standard_normal(256)).astype(F32)
+    rstd = F32(1) / np.sqrt(np.mean(x * x, axis=-1, keepdims=True, dtype=F32) + F32(1e-6))
+    got = (x - np.mean(x, axis=-1, keepdims=True, dtype=F32)) * rstd * w
+    obs = observe(got, x, 256, w, eps=1e-6)
+    h = H(centre_num=True)
+    pred = diagnosis.predict(h, obs)
+    assert diagnosis.score(h, obs).ratio <= 1.0
+    assert np.max(tol.abs_error(obs.got, pred.exact) / tol.bound_y(pred.exact, obs.model)) > 1
+
+
+def test_a_centred_statistic_widens_each_dweight_column_by_its_worst_row(rng):
+    """dweight sums over rows: its bound is the model's times the largest cancellation of any
+    row (the rows of mean 100 here)."""
+    x = _offset_rows(rng)
+    w = (1 + 0.25 * rng.standard_normal(64)).astype(F32)
+    dy = rng.standard_normal((6, 64)).astype(F32)
+    obs = observe(np.zeros(64), x, 64, w, eps=1e-6, quantity="dweight", dy=dy)
+    xf = x.astype(np.float64)
+    dev = xf - xf.mean(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore"):
+        cond = np.sum(xf * xf, axis=-1) / np.sum(dev * dev, axis=-1)
+    h = H(centre_stat=True)
+    pred = diagnosis.predict(h, obs)
+    xhat = xf / np.sqrt(np.mean(dev * dev, axis=-1, keepdims=True) + 1e-6)
+    plain = tol.bound_dweight(pred.exact.reshape(-1), dy.astype(np.float64), xhat, obs.model)
+    np.testing.assert_allclose(pred.bound, plain[None, :] * np.nanmax(cond), rtol=1e-12)
+    assert pred.bound.shape == (1, 64)
+
+
+def test_a_centred_statistic_widens_dx_by_its_row_s_cancellation(rng):
+    """dx's bound under the variance: the model's for the mutation's terms, times the row's
+    cancellation (element by element, not the batch's worst)."""
+    x = _offset_rows(rng)[:5]
+    w = (1 + 0.25 * rng.standard_normal(64)).astype(F32)
+    dy = rng.standard_normal((5, 64)).astype(F32)
+    obs = observe(np.zeros((5, 64)), x, 64, w, eps=1e-6, quantity="dx", dy=dy)
+    xf = x.astype(np.float64)
+    dev = xf - xf.mean(axis=-1, keepdims=True)
+    cond = np.sum(xf * xf, axis=-1, keepdims=True) / np.sum(dev * dev, axis=-1, keepdims=True)
+    plain = diagnosis.predict(diagnosis.CORRECT, replace(obs, _cache={}))
+    h = H(centre_stat=True)
+    pred = diagnosis.predict(h, obs)
+    fam = diagnosis._family(h, xf, 1e-6, np.dtype(F32))
+    g = obs.dyrows * obs.w
+    m = fam.r * np.abs(g) + fam.r**2 * np.sum(np.abs(g * fam.a), axis=-1, keepdims=True) \
+        * np.abs(fam.b) / (fam.q * 64)
+    np.testing.assert_allclose(pred.bound,
+                               tol.bound_dx_of_magnitude(pred.exact, m, obs.model) * cond,
+                               rtol=1e-12)
+    assert plain.bound.shape == pred.bound.shape
+
+
+def test_the_low_precision_statistic_uses_the_eps_on_rows_it_dominates(rng):
+    """bfloat16 rows of mean square ~1e-6 with eps = 1e-4 asked: the whole forward in bfloat16
+    is reproduced bit for bit (>= 95 %), eps added to the rounded statistic, not subtracted."""
+    x = (1e-3 * rng.standard_normal((64, 128))).astype(BF16)
+    w = (1 + 0.25 * rng.standard_normal(128)).astype(BF16)
+    got = _no_upcast(False)(x, w, 1e-4)
+    obs = observe(got, x, 128, w, eps=1e-4)
+    pred = diagnosis.predict(H(precision="native"), obs)
+    assert np.mean(pred.emulated == obs.got) >= 0.95
