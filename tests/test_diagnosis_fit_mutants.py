@@ -1010,3 +1010,75 @@ def test_the_low_precision_statistic_uses_the_eps_on_rows_it_dominates(rng):
     obs = observe(got, x, 128, w, eps=1e-4)
     pred = diagnosis.predict(H(precision="native"), obs)
     assert np.mean(pred.emulated == obs.got) >= 0.95
+
+
+# ---- the candidates: every known cause is tried, fitted values included ------------------------
+
+
+def _singles(failing):
+    singles, _ = diagnosis._forward_candidates(failing, diagnosis._Scores())
+    return singles
+
+
+def test_every_forward_mutation_of_the_family_is_a_candidate(rng):
+    """A failing float32 case: each single mutation the engine knows is tried (eps outside the
+    root, the variance, N − 1, a sum, either wrong axis, either rounding, the offset rounded,
+    each tail block, offsets ±1, the low-precision statistic on 16-bit cases)."""
+    x = rng.standard_normal((4, 8, 16)).astype(F32)
+    w = (1 + 0.25 * rng.standard_normal((8, 16))).astype(F32)
+    obs = observe(np.zeros((4, 128)), x, (8, 16), w, eps=1e-5)
+    singles = _singles([obs])
+    for h in (H(eps_outside=True), H(centre_stat=True), H(centre_stat=True, centre_num=True),
+              H(divisor="N-1"), H(divisor="1"), H(stat_group="last"), H(stat_group="rows"),
+              H(rounding="double"), H(rounding="trunc"), H(offset_rounded=True),
+              H(offset=1.0), H(offset=-1.0), *(H(stat_block=b) for b in diagnosis._BLOCKS)):
+        assert h in singles, h
+    xb = x.astype(BF16)
+    half = observe(np.zeros((4, 128)), xb, (8, 16), w.astype(BF16), eps=1e-5)
+    assert H(precision="native") in _singles([half])
+    assert H(precision="native") not in singles
+
+
+def test_every_named_eps_but_the_reference_s_is_a_candidate_in_both_scopes(rng):
+    """eps = 1e-5 asked: each other named eps (and finfo of the input dtype) is tried, both
+    where eps was left to its default and everywhere; 1e-5 itself is no mistake."""
+    x = rng.standard_normal((4, 16)).astype(F32)
+    obs = observe(np.zeros((4, 16)), x, 16, None, eps=1e-5)
+    singles = _singles([obs])
+    for e in (0.0, 1e-6, 1e-8, 2.0**-23, 1e-3, diagnosis._INPUT_EPS):
+        for scope in ("default", "all"):
+            assert H(eps=e, eps_scope=scope) in singles, (e, scope)
+    assert not [h for h in singles if h.eps == 1e-5]
+
+
+def test_a_fitted_eps_off_the_grid_is_a_candidate(rng):
+    """A kernel that hard-codes eps = 3e-5 (no named value), on rows where it shows: 3e-5 is
+    tried; and an eps outside the root of 3e-4, fitted as such, is tried too."""
+    x = 1e-2 * rng.standard_normal((6, 64))
+    w = 1 + 0.25 * rng.standard_normal(64)
+    obs = observe(rms64(x, w, 3e-5), x, 64, w, eps=1e-6)
+    assert H(eps=3e-5, eps_scope="all") in _singles([obs])
+    outside = observe(planted_y(x, w, 3e-4, outside=True), x, 64, w, eps=1e-6)
+    assert H(eps=3e-4, eps_scope="all") in _singles([outside])
+
+
+def test_a_fitted_whole_offset_is_a_candidate(rng):
+    """A kernel that uses w + 2: the offset 2 is fitted and tried, besides ±1."""
+    x = rng.standard_normal((6, 64))
+    w = 0.25 * rng.standard_normal(64)
+    obs = observe(rms64(x, w, 1e-6, offset=2.0), x, 64, w, eps=1e-6)
+    singles = _singles([obs])
+    assert [h.offset for h in singles if h.offset] == [-1.0, 1.0, 2.0]
+
+
+@pytest.mark.parametrize("scale", [2.0, 3.0, 64 / 63])
+def test_a_fitted_projection_scale_is_a_backward_candidate(rng, scale):
+    """dx planted with its path through rstd scaled by s: s is among the backward candidates
+    (a named scale as itself, an unnamed one as the fitted number)."""
+    obs = _dx_case(rng, 6, 64, scale)
+    cands = diagnosis._backward_candidates([obs], [diagnosis.CORRECT])
+    fitted = [h.projection for h in cands if isinstance(h.projection, float)]
+    assert any(abs(p - scale) <= 1e-12 for p in fitted), fitted
+    assert diagnosis.CORRECT in cands and H(projection=0.0) in cands
+    assert diagnosis.score(H(projection=min(fitted, key=lambda p: abs(p - scale))),
+                           obs).ratio <= 1.0
