@@ -530,6 +530,8 @@ def test_the_mutated_forward_is_the_planted_one(rng, h, planted):
     np.testing.assert_allclose(pred.exact, got, rtol=1e-13, atol=0)
     assert pred.emulated is None                                  # no bits to emulate in float64
     assert diagnosis.score(h, obs).ratio <= 1.0
+    if not (h.centre_stat or h.centre_num):                       # no cancellation to allow for
+        np.testing.assert_allclose(pred.bound, tol.bound_y(pred.exact, obs.model), rtol=1e-12)
 
 
 def test_the_last_dim_statistic_is_one_mean_per_group_of_the_last_dim(rng):
@@ -566,6 +568,9 @@ def test_float64_computed_in_float32_is_predicted_in_float32(rng):
                                                      keepdims=True) + 1e-6) * w
     np.testing.assert_allclose(pred.exact, exact, rtol=1e-14)
     assert diagnosis.score(h, obs).ratio <= 1.0
+    f32 = np.dtype(F32)                                           # float32's bound, not float64's
+    model = replace(obs.model, out_dtype=f32, acc_dtype=f32)
+    np.testing.assert_allclose(pred.bound, tol.bound_y(pred.exact, model), rtol=1e-12)
     obs32 = observe(got, x32, 64, w32, eps=1e-6)
     assert diagnosis.predict(h, obs32) is None
 
@@ -1033,10 +1038,16 @@ def test_every_forward_mutation_of_the_family_is_a_candidate(rng):
               H(rounding="double"), H(rounding="trunc"), H(offset_rounded=True),
               H(offset=1.0), H(offset=-1.0), *(H(stat_block=b) for b in diagnosis._BLOCKS)):
         assert h in singles, h
+    assert H(as_float32=True) not in singles                       # float64 inputs only
     xb = x.astype(BF16)
     half = observe(np.zeros((4, 128)), xb, (8, 16), w.astype(BF16), eps=1e-5)
-    assert H(precision="native") in _singles([half])
-    assert H(precision="native") not in singles
+    half_singles = _singles([half])
+    for p in ("native", "native_div", "sequential"):             # 16-bit inputs only
+        assert H(precision=p) in half_singles and H(precision=p) not in singles
+    assert H(eps_outside=True) in half_singles and H(rounding="double") in half_singles
+    x64 = x.astype(np.float64)
+    wide = observe(np.zeros((4, 128)), x64, (8, 16), w.astype(np.float64), eps=1e-5)
+    assert H(as_float32=True) in _singles([wide])
 
 
 def test_every_named_eps_but_the_reference_s_is_a_candidate_in_both_scopes(rng):
@@ -1082,3 +1093,77 @@ def test_a_fitted_projection_scale_is_a_backward_candidate(rng, scale):
     assert diagnosis.CORRECT in cands and H(projection=0.0) in cands
     assert diagnosis.score(H(projection=min(fitted, key=lambda p: abs(p - scale))),
                            obs).ratio <= 1.0
+
+
+def test_mutations_that_bring_a_case_twice_as_close_are_paired(rng):
+    """Pairs are formed from the mutations that bring some sampled failing case at least 2x
+    closer (ratio 10 -> 4: yes; -> 5, exactly 2x: no; -> 6: no), in the candidates' order,
+    each pair once; the sample sees up to 16 kinds of case (a mutation that helps only the
+    ninth kind is paired too)."""
+    cases = [_dx_case(rng, 2, 8, 1.0) for _ in range(9)]
+    for i, o in enumerate(cases):
+        o.probe, o.ratio = f"probe{i}", 10.0
+    helps = {H(eps_outside=True): 4.0, H(divisor="N-1"): 4.0, H(centre_stat=True): 5.0,
+             H(divisor="1"): 6.0}
+
+    def scores(h, o):
+        if h == H(stat_group="last") and o is cases[8]:
+            return diagnosis.Score(1.0, None)
+        return diagnosis.Score(helps.get(h, 20.0), None)
+
+    _, pairs = diagnosis._forward_candidates(cases, scores)
+    assert pairs == [H(eps_outside=True, divisor="N-1"), H(eps_outside=True, stat_group="last"),
+                     H(divisor="N-1", stat_group="last")]
+
+
+def test_the_backward_candidates_hold_every_backward_cause(rng):
+    """Each base gets the missing projection, the named scales, separately rounded terms and
+    each dweight mistake, with the rows a partial dweight was fitted to; with no dx case
+    (nothing to fit a scale from) the search still runs."""
+    dw = _dweight_case(rng, 6, 32, slice(0, 4))
+    dx = _dx_case(rng, 6, 32, 1.0)
+    base = H(eps=1e-5, eps_scope="all")
+    cands = diagnosis._backward_candidates([dw, dx], [diagnosis.CORRECT, base])
+    for b in (diagnosis.CORRECT, base):
+        assert b in cands
+        for h in (replace(b, projection=0.0), replace(b, projection="N"),
+                  replace(b, separate_terms=True), replace(b, dweight="prefix:4"),
+                  *(replace(b, dweight=d) for d in ("from_x", "times_w", "features",
+                                                    "half_sum"))):
+            assert h in cands, h
+    assert len(cands) == len(set(cands))
+    only_dw = diagnosis._backward_candidates([dw], [diagnosis.CORRECT])
+    assert H(dweight="prefix:4") in only_dw and H(projection=0.0) in only_dw
+
+
+def test_two_offset_causes_at_once_are_predicted(rng):
+    """Gemma's convention (1 + w) and a kernel that forms 2 + w in bfloat16: the offset one off
+    and rounded, both at once, reproduce its bits."""
+    x, _ = _half_case(rng)
+    w = (0.05 * rng.standard_normal(256)).astype(BF16)
+    got = (_xhat32(x, 1e-6) * (F32(2) + w.astype(F32)).astype(BF16).astype(F32)).astype(BF16)
+    obs = observe(got, x, 256, w, eps=1e-6, convention="gemma")
+    h = H(offset=1.0, offset_rounded=True)
+    pred = diagnosis.predict(h, obs)
+    assert np.mean(pred.emulated == obs.got) >= 0.95
+    assert diagnosis.predict(H(offset=-1.0, offset_rounded=True), obs) is None  # 1 − 1 = 0
+
+
+def test_predict_warns_of_nothing_on_zero_rows_and_overflowing_squares(rng):
+    """A row of zeros with eps = 0 (0/0), and float16 inputs of 2e3 whose squares overflow
+    float16 (65504) in the low-precision statistic: predict judges them itself and spills no
+    RuntimeWarning; a kernel without the upcast returns zeros there (rstd = 1/inf)."""
+    import warnings
+
+    x = rng.standard_normal((4, 16))
+    x[1] = 0.0
+    with np.errstate(all="ignore"):
+        obs = observe(np.zeros((4, 16)), x, 16, None, eps=0.0)
+    xh = (2e3 * rng.standard_normal((4, 64))).astype(np.float16)
+    huge = observe(np.zeros((4, 64)), xh, 64, None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for h in (diagnosis.CORRECT, H(centre_stat=True), H(eps_outside=True)):
+            diagnosis.predict(h, obs)
+        pred = diagnosis.predict(H(precision="native"), huge)
+    np.testing.assert_array_equal(pred.emulated, 0.0)
