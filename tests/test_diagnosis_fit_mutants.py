@@ -839,7 +839,7 @@ def _half_terms_dx(x, w, dy, eps):
 
 
 def test_separately_rounded_terms_reproduce_the_planted_bits(rng):
-    """The planted kernel's bfloat16 dx is reproduced bit for bit on >= 90 % of the elements,
+    """The planted kernel's bfloat16 dx is reproduced bit for bit on >= 99 % of the elements,
     inside the mutation's bound; on float32 and float64 (no 16-bit rounding) it does not
     apply, and the correct computation emulates float32 dx by no bits at all."""
     x, w, dy = _bwd_half_case(rng)
@@ -847,7 +847,7 @@ def test_separately_rounded_terms_reproduce_the_planted_bits(rng):
     obs = observe(got, x, 128, w, quantity="dx", dy=dy)
     h = H(separate_terms=True)
     pred = diagnosis.predict(h, obs)
-    assert np.mean(pred.emulated == obs.got) >= 0.9
+    assert np.mean(pred.emulated == obs.got) >= 0.99             # measured: every element
     assert diagnosis.score(h, obs).ratio <= 1.0
     correct = diagnosis.predict(diagnosis.CORRECT, obs)
     np.testing.assert_array_equal(correct.emulated, diagnosis._rt(correct.exact, BF16))
@@ -1167,3 +1167,17 @@ def test_predict_warns_of_nothing_on_zero_rows_and_overflowing_squares(rng):
             diagnosis.predict(h, obs)
         pred = diagnosis.predict(H(precision="native"), huge)
     np.testing.assert_array_equal(pred.emulated, 0.0)
+
+
+@pytest.mark.parametrize("rsqrt_of_rounded_sqrt", [False, True], ids=["native", "native_div"])
+def test_every_rounding_of_the_16_bit_statistic_is_emulated(rng, rsqrt_of_rounded_sqrt):
+    """Rows of N = 4 bfloat16 values of size 1e-2 with eps = 1e-4 (eps and the statistic of
+    one size): x², the mean, the mean + eps, the rsqrt are each rounded to bfloat16 by the
+    planted kernel, and the mutation's emulated output reproduces >= 99 % of its bits
+    (measured: all of them; dropping any one of those roundings loses 1.5 to 9 %)."""
+    x = (1e-2 * rng.standard_normal((256, 4))).astype(BF16)
+    w = (1 + 0.25 * rng.standard_normal(4)).astype(BF16)
+    got = _no_upcast(rsqrt_of_rounded_sqrt)(x, w, 1e-4)
+    obs = observe(got, x, 4, w, eps=1e-4)
+    h = H(precision="native_div" if rsqrt_of_rounded_sqrt else "native")
+    assert np.mean(diagnosis.predict(h, obs).emulated == obs.got) >= 0.99
