@@ -981,6 +981,22 @@ def test_a_centred_statistic_widens_each_dweight_column_by_its_worst_row(rng):
     plain = tol.bound_dweight(pred.exact.reshape(-1), dy.astype(np.float64), xhat, obs.model)
     np.testing.assert_allclose(pred.bound, plain[None, :] * np.nanmax(cond), rtol=1e-12)
     assert pred.bound.shape == (1, 64)
+    # rows of mean ~0 cancel little (cond ~1.05): the widening is that, not a floor of 2
+    xz = rng.standard_normal((6, 64)).astype(F32)
+    obs = observe(np.zeros(64), xz, 64, w, eps=1e-6, quantity="dweight", dy=dy)
+    xf = xz.astype(np.float64)
+    dev = xf - xf.mean(axis=-1, keepdims=True)
+    cond = np.max(np.sum(xf * xf, axis=-1) / np.sum(dev * dev, axis=-1))
+    assert cond < 1.5
+    pred = diagnosis.predict(h, obs)
+    xhat = xf / np.sqrt(np.mean(dev * dev, axis=-1, keepdims=True) + 1e-6)
+    plain = tol.bound_dweight(pred.exact.reshape(-1), dy.astype(np.float64), xhat, obs.model)
+    np.testing.assert_allclose(pred.bound, plain[None, :] * cond, rtol=1e-12)
+    # an empty batch: dweight is zero, with the plain bound (no row to widen it)
+    empty = observe(np.zeros(64), xz[:0], 64, w, eps=1e-6, quantity="dweight", dy=dy[:0])
+    pred = diagnosis.predict(h, empty)
+    np.testing.assert_array_equal(pred.exact, 0.0)
+    assert pred.bound.shape == (1, 64) and np.all(np.isfinite(pred.bound))
 
 
 def test_a_centred_statistic_widens_dx_by_its_row_s_cancellation(rng):
