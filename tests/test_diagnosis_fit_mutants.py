@@ -1197,3 +1197,18 @@ def test_every_rounding_of_the_16_bit_statistic_is_emulated(rng, rsqrt_of_rounde
     obs = observe(got, x, 4, w, eps=1e-4)
     h = H(precision="native_div" if rsqrt_of_rounded_sqrt else "native")
     assert np.mean(diagnosis.predict(h, obs).emulated == obs.got) >= 0.99
+
+
+def test_truncation_is_emulated_on_the_float32_result_not_on_the_exact_value():
+    """y = w/sqrt(1 + eps) = 1 + 2^-7 − 2^-30 exactly: a float32 kernel computes 1 + 2^-7 (the
+    exact value is within half a float32 ulp of it) and its truncating pack keeps 1 + 2^-7;
+    truncating the exact value would give 1. The emulation truncates the float32 value."""
+    x = np.ones((4, 1), BF16)
+    w = np.array([1 + 2.0**-7], BF16)
+    eps = 2.0**-29 / (1 + 2.0**-7)
+    got = _truncating_pack(x, w, eps)
+    np.testing.assert_array_equal(got.astype(np.float64), 1 + 2.0**-7)
+    obs = observe(got, x, 1, w, eps=eps)
+    pred = diagnosis.predict(H(rounding="trunc"), obs)
+    assert np.all(pred.exact < 1 + 2.0**-7)
+    np.testing.assert_array_equal(pred.emulated, 1 + 2.0**-7)
