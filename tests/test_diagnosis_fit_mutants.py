@@ -90,13 +90,11 @@ def test_fit_eps_uses_only_rows_where_eps_is_visible(rng):
     small = 1e-2 * rng.standard_normal((4, 64))
     big = 1e6 * rng.standard_normal((8, 64))
     w = 1 + 0.25 * rng.standard_normal(64)
-    fitted = []
-    for x in (small, big):
-        fitted.append(observe(rms64(x, w, 1e-5), x, 64, w, eps=1e-6))
-    v = diagnosis.fit_eps(fitted, diagnosis.CORRECT)
+    cases = [observe(rms64(x, w, 1e-5), x, 64, w, eps=1e-6) for x in (small, big)]
+    v = diagnosis.fit_eps(cases, diagnosis.CORRECT)
     assert abs(v - 1e-5) <= 1e-9 * 1e-5
     # the big rows alone carry no eps at all
-    assert diagnosis.fit_eps(fitted[1:], diagnosis.CORRECT) is None
+    assert diagnosis.fit_eps(cases[1:], diagnosis.CORRECT) is None
 
 
 @pytest.mark.parametrize("ms_scale", [1e-6, 1e-4, 1e-3])
