@@ -55,6 +55,9 @@ Launch configuration (chosen from N, see :func:`plan_forward` / :func:`plan_back
   not on which GPU runs it. Partial rows cost G·N·4 bytes (≤ 64 MiB at N = 16384).
 * stage 2: 256 threads per block, one thread per column (coalesced: neighbouring threads read
   neighbouring columns of each partial row).
+* every kernel is compiled with a launch bound of its T (``.maxntid`` in the PTX; stage 2: 1024,
+  since T can be forced), so the compiler keeps to the registers T threads can share: without
+  it the backward at T = 512 failed to launch on an H200 (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES).
 
 Forcing a configuration (tests do this so tiny inputs cover multi-block and tail paths)::
 
