@@ -82,9 +82,9 @@ CODES: dict[str, Code] = {c.code: c for c in (
          "divide by N (unbiased=False / correction=0 if you use a variance routine)"),
     Code("wrong_axis", "the statistic is taken over the wrong axes ({axes})",
          "reduce over exactly the normalised (trailing) dims: {fix_axes}"),
-    Code("low_precision_accumulation", "the statistic is computed in the input's 16-bit type "
+    Code("low_precision_accumulation", "{what} is computed in the input's 16-bit type "
          "({how}): its rounding errors reach the output",
-         "compute the sum of squares (and rstd) in float32: x.float().pow(2).mean(-1)"),
+         "{precision_fix}"),
     Code("truncation", "the output is rounded toward zero instead of to nearest-even "
          "({match} of elements reproduced bit for bit by truncation)",
          "round float32 -> {dtype} to nearest-even (a plain cast), not by dropping bits"),
@@ -202,7 +202,7 @@ def format_ratio(v: float | None) -> str:
     if v is None:
         return "-"
     if not math.isfinite(v):
-        return "inf" if v > 0 else "nan"
+        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
     if v == 0:
         return "0"
     return f"{v:.3g}" if 1e-3 <= abs(v) < 1e4 else f"{v:.1e}"
@@ -1118,20 +1118,23 @@ def _fields(h: Hypothesis, obs: Sequence[Observation], ev: Evidence) -> dict[str
     else:
         fields.update(axes="the batch axis (over rows) instead of the features",
                       fix_axes="the trailing (feature) dims, one statistic per row")
+    if h.precision:
+        fields.update(what="the statistic", precision_fix="compute the sum of squares (and "
+                      "rstd) in float32: x.float().pow(2).mean(-1)")
     if h.precision in ("native", "native_div"):
         fields["how"] = "x², the mean, rstd and x·rstd each rounded to the input dtype"
     elif h.precision == "sequential":
         fields["how"] = "x² summed in a 16-bit accumulator"
     elif h.dweight == "half_sum":
-        fields["how"] = "dweight's sum over rows runs in the input's 16-bit type"
+        # dweight's own sum, not the statistic: its text and its fix say so
+        fields.update(what="dweight's sum over rows", how="each partial sum rounded to the "
+                      "input dtype", precision_fix="accumulate dweight over the rows in float32 "
+                      "and round once: (dy.float() * x̂).sum(0).to(dtype)")
     if h.offset:
         used = "1 + w" if h.offset > 0 else "w − 1"
         expected = "w" if o.offset == 0 else f"{o.offset:g} + w"
         fields.update(used=used if o.offset == 0 else f"{o.offset + h.offset:g} + w",
-                      expected=expected, offset_fit=h.offset,
-                      offset_fix="validate against the 'gemma' convention if your weights are "
-                      "stored as scale − 1; else multiply by w itself" if h.offset > 0 else
-                      "add the 1 to the weight (the convention stores w = scale − 1)")
+                      expected=expected, offset_fit=h.offset, offset_fix=_offset_fix(h, o))
     if h.as_float32:
         fields["ratio32"] = format_ratio(ev.ratio_after)
     if h.projection != 1.0:
@@ -1156,6 +1159,20 @@ def _fields(h: Hypothesis, obs: Sequence[Observation], ev: Evidence) -> dict[str
                       fix_how="add the 1 in float32: (1 + w.float()), or validate against "
                       "'gemma_wdtype'")
     return fields
+
+
+def _offset_fix(h: Hypothesis, o: Observation) -> str:
+    """The fix for a weight used with an offset the convention does not have (o.offset: the
+    convention's own, 0 or 1; h.offset: what the kernel adds on top of it)."""
+    if o.offset == 0:
+        if h.offset > 0:
+            return ("validate against the 'gemma' convention if your weights are stored as "
+                    "scale − 1; else multiply by w itself")
+        return "multiply by w itself, not by w − 1"
+    if h.offset > 0:
+        return f"add the convention's {o.offset:g} once: ({o.offset:g} + w)"
+    return ("add the 1 to the weight (the convention stores w = scale − 1), or validate "
+            "against 'torch' if your weights are the scale itself")
 
 
 def _unexplained(obs: Sequence[Observation], tried: Sequence[str]) -> list[Diagnosis]:

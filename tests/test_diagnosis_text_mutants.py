@@ -1,0 +1,398 @@
+"""rmsref.diagnosis, what the user reads: each cause's text and fix as the report prints them
+(the fields `_fields` fills in, formatted by `make`), the evidence line, the cases nothing
+explains (`tail`, `no_known_cause`) and the merging of one code's cases. The observations are
+judged by the convention's rmsref.tolerance model against the float64 oracle
+(rmsref.comparison.Reference), as validate records them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rmsref import diagnosis
+from rmsref._shapes import bfloat16
+
+from .test_diagnosis_mutants import observe
+
+H = diagnosis.Hypothesis
+EV = diagnosis.Evidence(cases=["gaussian/float32/y"], ratio_before=12.5, ratio_after=0.75,
+                        match_rate=0.998765)
+
+
+def an_observation(dtype=np.float32, shape=(64,), eps=None, convention="torch", got=None,
+                   seed=0, probe="gaussian"):
+    """One case of 4 rows, the output all zeros unless ``got`` is given (the text does not
+    depend on it)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((4, *shape)).astype(dtype)
+    w = (1 + 0.25 * rng.standard_normal(shape)).astype(dtype)
+    return observe(np.zeros_like(x) if got is None else got(x, w), x, shape, w, eps,
+                   convention=convention, probe=probe)
+
+
+def told(h, obs=None, ev=EV):
+    """(code, text, fix) of every diagnosis ``h`` stands for, as the report prints them."""
+    obs = obs or [an_observation()]
+    fields = diagnosis._fields(h, obs, ev)
+    return [(c, d.text, d.fix) for c in h.codes() for d in [diagnosis.make(c, ev, **fields)]]
+
+
+F32_EPS = "1.19209e-07 (finfo(float32).eps)"
+USE_DEFAULT = f"use the convention's default eps when eps=None is passed ({F32_EPS})"
+STAT_FIX = "compute the sum of squares (and rstd) in float32: x.float().pow(2).mean(-1)"
+PROJ_FIX = "c = mean(w·dy·x̂) over the N normalised elements: divide the sum by N"
+ROWS_FIX = "sum dy·x̂ over every leading (row) axis, all rows"
+
+TEXTS = [
+    (H(eps=1e-6), "eps differs from the one asked for: the output is reproduced with eps = "
+     f"1e-06 (HF's rms_norm_eps default) where eps=None was passed; the reference used {F32_EPS}",
+     USE_DEFAULT),
+    (H(eps=1e-6, eps_scope="all"), "eps differs from the one asked for: the output is reproduced"
+     " with eps = 1e-06 (HF's rms_norm_eps default) whatever eps was passed (the eps argument is "
+     f"ignored); the reference used {F32_EPS}", "pass the eps argument through to the computation"),
+    (H(eps=0.0), "eps differs from the one asked for: the output is reproduced with eps = 0 (eps "
+     f"ignored) where eps=None was passed; the reference used {F32_EPS}", USE_DEFAULT),
+    (H(eps="finfo(input dtype).eps"), "eps differs from the one asked for: the output is "
+     "reproduced with eps = finfo(input dtype).eps where eps=None was passed; the reference used "
+     f"{F32_EPS}", USE_DEFAULT),
+    (H(eps=3.25e-4), "eps differs from the one asked for: the output is reproduced with eps = "
+     f"0.000325 where eps=None was passed; the reference used {F32_EPS}", USE_DEFAULT),
+    (H(centre_stat=True), "the statistic is the variance (the mean is removed, numerator left as"
+     " x) in place of the mean of squares: this is LayerNorm's statistic, not RMSNorm's",
+     "use mean(x²), not x.var(): RMSNorm does not subtract the mean"),
+    (H(centre_stat=True, centre_num=True), "the statistic is the variance (the mean is removed "
+     "from the numerator too) in place of the mean of squares: this is LayerNorm's statistic, "
+     "not RMSNorm's", "use mean(x²), not x.var(): RMSNorm does not subtract the mean"),
+    (H(stat_group="last"), "the statistic is taken over the wrong axes (the last dim only, where "
+     "normalized_shape (64,) was asked)",
+     "reduce over exactly the normalised (trailing) dims: all of (64,)"),
+    (H(stat_group="rows"), "the statistic is taken over the wrong axes (the batch axis (over rows)"
+     " instead of the features)", "reduce over exactly the normalised (trailing) dims: the "
+     "trailing (feature) dims, one statistic per row"),
+    (H(precision="native"), "the statistic is computed in the input's 16-bit type (x², the mean, "
+     "rstd and x·rstd each rounded to the input dtype): its rounding errors reach the output",
+     STAT_FIX),
+    (H(precision="sequential"), "the statistic is computed in the input's 16-bit type (x² summed "
+     "in a 16-bit accumulator): its rounding errors reach the output", STAT_FIX),
+    (H(dweight="half_sum"), "dweight's sum over rows is computed in the input's 16-bit type (each"
+     " partial sum rounded to the input dtype): its rounding errors reach the output",
+     "accumulate dweight over the rows in float32 and round once: (dy.float() * x̂).sum(0)"
+     ".to(dtype)"),
+    (H(offset=1.0), "the weight is used as 1 + w where w was expected (fitted offset 1)",
+     "validate against the 'gemma' convention if your weights are stored as scale − 1; else "
+     "multiply by w itself"),
+    (H(offset=-1.0), "the weight is used as w − 1 where w was expected (fitted offset -1)",
+     "multiply by w itself, not by w − 1"),
+    (H(as_float32=True), "float64 input is computed in float32: the errors are float32's (ratio "
+     "0.75 to a float32 computation's bound)",
+     "compute float64 inputs in float64 (opmath of float64 is float64)"),
+    (H(projection=0.0), "dx lacks the path through rstd: dx = rstd·w·dy instead of "
+     "rstd·(w·dy − x̂·mean(w·dy·x̂))",
+     "subtract the projection x̂·mean(w·dy·x̂) before scaling by rstd"),
+    (H(projection="N"), "the path through rstd is scaled by N (a sum where the mean belongs): dx ="
+     " rstd·(w·dy − N·x̂·c)", PROJ_FIX),
+    (H(projection="N/(N-1)"), "the path through rstd is scaled by N/(N-1) (N − 1 in the "
+     "projection's mean): dx = rstd·(w·dy − N/(N-1)·x̂·c)", PROJ_FIX),
+    (H(projection="(N-1)/N"), "the path through rstd is scaled by (N-1)/N (a stray factor "
+     "(N − 1)/N): dx = rstd·(w·dy − (N-1)/N·x̂·c)", PROJ_FIX),
+    (H(projection="1/N"), "the path through rstd is scaled by 1/N (divided by N twice): dx = "
+     "rstd·(w·dy − 1/N·x̂·c)", PROJ_FIX),
+    (H(projection=2.0), "the path through rstd is scaled by 2 (counted twice): dx = rstd·(w·dy − "
+     "2·x̂·c)", PROJ_FIX),
+    (H(projection=0.5), "the path through rstd is scaled by 0.5 (halved): dx = rstd·(w·dy − "
+     "0.5·x̂·c)", PROJ_FIX),
+    (H(projection=-1.0), "the path through rstd is scaled by -1 (added instead of subtracted): dx"
+     " = rstd·(w·dy − -1·x̂·c)", PROJ_FIX),
+    (H(projection=0.8125), "the path through rstd is scaled by 0.8125 (fitted): dx = rstd·(w·dy −"
+     " 0.8125·x̂·c)", PROJ_FIX),
+    (H(dweight="prefix:3"), "dweight is not reduced over all rows (only the first 3 rows)",
+     ROWS_FIX),
+    (H(dweight="suffix:2"), "dweight is not reduced over all rows (only the last 2 rows)",
+     ROWS_FIX),
+    (H(dweight="features"), "dweight is not reduced over all rows (summed over the features "
+     "instead of the rows (it has the right shape only because rows = N))", ROWS_FIX),
+    (H(stat_block=32), "the sum of squares skips the columns of the last partial block (a block "
+     "of 32 columns)", "include the last, partial block of the row in the sum of squares"),
+    (H(offset_rounded=True), "the offset 1 + w is rounded to the weight dtype before it "
+     "multiplies: R_w(1 + w) (99.9% of elements reproduced bit for bit that way)",
+     "add the 1 in float32: (1 + w.float()), or validate against 'gemma_wdtype'"),
+    (H(rounding="trunc"), "the output is rounded toward zero instead of to nearest-even (99.9% of "
+     "elements reproduced bit for bit by truncation)",
+     "round float32 -> float32 to nearest-even (a plain cast), not by dropping bits"),
+    (H(rounding="double"), "an intermediate is rounded to the input dtype where one rounding was "
+     "expected: x̂ = x·rstd is rounded before the weight multiplies it (99.9% of elements "
+     "reproduced bit for bit by that order)", "multiply by the weight in float32 and round once "
+     "at the end: (x.float() * rstd * w.float()).to(dtype)"),
+    (H(eps_outside=True), "eps is added outside the square root: rstd = 1/(sqrt(mean(x²)) + eps) "
+     "instead of 1/sqrt(mean(x²) + eps)",
+     "compute rstd = 1/sqrt(mean(x²) + eps) (or rsqrt(mean(x²) + eps))"),
+    (H(divisor="N-1"), "the mean of squares divides by N − 1 instead of N (a variance formula)",
+     "divide by N (unbiased=False / correction=0 if you use a variance routine)"),
+    (H(divisor="1"), "the sum of squares is not divided by N (a √N scale on rstd)",
+     "divide the sum of squares by N (use mean(x²))"),
+    (H(separate_terms=True), "dx's two terms are rounded to float32 before they are subtracted: "
+     "where they cancel, their rounding errors are the result",
+     "subtract in float32 and round dx once: rstd·(dxhat − x̂·c) in float32, then cast"),
+]
+
+
+@pytest.mark.parametrize("h, text, fix", TEXTS, ids=[repr(t[0].codes()) + str(i)
+                                                     for i, t in enumerate(TEXTS)])
+def test_each_cause_reads_in_full_with_its_fitted_values_and_its_fix(h, text, fix):
+    """The whole sentence and fix of each cause, for a float32 case of 64 features under the
+    torch convention: every fitted value, scope, named eps and scale name in place, no '?' left
+    by a field that was not filled."""
+    ((code, got_text, got_fix),) = told(h)
+    assert (got_text, got_fix) == (text, fix)
+    assert "?" not in got_text + got_fix
+
+
+def test_the_offset_is_read_against_the_conventions_own_one():
+    """Under 'gemma' (weights stored as scale − 1, used as 1 + w) a kernel that adds 1 twice, or
+    forgets it, is told so in the convention's terms."""
+    g = [an_observation(bfloat16, convention="gemma")]
+    assert told(H(offset=1.0), g)[0][1:] == (
+        "the weight is used as 2 + w where 1 + w was expected (fitted offset 1)",
+        "add the convention's 1 once: (1 + w)")
+    assert told(H(offset=-1.0), g)[0][1:] == (
+        "the weight is used as 0 + w where 1 + w was expected (fitted offset -1)",
+        "add the 1 to the weight (the convention stores w = scale − 1), or validate against "
+        "'torch' if your weights are the scale itself")
+
+
+def test_the_fields_name_every_dtype_and_every_eps_of_the_cases():
+    """Cases in two dtypes with two reference eps: both dtypes (sorted, joined by '/'), both eps
+    (sorted) in the text; the fix names the first; no match rate reads 'most'; a missing ratio
+    reads '-'."""
+    obs = [an_observation(bfloat16), an_observation(np.float32, eps=1e-5, seed=1)]
+    ev = diagnosis.Evidence(ratio_before=3.0)
+    assert told(H(eps=1e-6), obs, ev)[0][1:] == (
+        "eps differs from the one asked for: the output is reproduced with eps = 1e-06 (HF's "
+        f"rms_norm_eps default) where eps=None was passed; the reference used {F32_EPS}, 1e-05 "
+        "(a common default)", USE_DEFAULT)
+    assert told(H(rounding="trunc"), obs, ev)[0][1:] == (
+        "the output is rounded toward zero instead of to nearest-even (most of elements "
+        "reproduced bit for bit by truncation)",
+        "round float32 -> bfloat16/float32 to nearest-even (a plain cast), not by dropping bits")
+    assert told(H(as_float32=True), obs, ev)[0][1] == (
+        "float64 input is computed in float32: the errors are float32's (ratio - to a float32 "
+        "computation's bound)")
+
+
+def test_a_multi_dimensional_shape_is_named_as_asked():
+    """normalized_shape (4, 16) reduced over its last dim only: both the text and the fix give
+    the shape that was asked for."""
+    assert told(H(stat_group="last"), [an_observation(shape=(4, 16))])[0][1:] == (
+        "the statistic is taken over the wrong axes (the last dim only, where normalized_shape "
+        "(4, 16) was asked)", "reduce over exactly the normalised (trailing) dims: all of (4, 16)")
+
+
+def test_two_causes_at_once_each_read_their_own_fields():
+    """A pair (eps outside the root with an eps of 1e-6): two diagnoses from one fit, each with
+    its own sentence."""
+    out = told(H(eps=1e-6, eps_outside=True))
+    assert [c for c, _, _ in out] == ["eps_value", "eps_outside_sqrt"]
+    assert "eps = 1e-06 (HF's rms_norm_eps default)" in out[0][1]
+    assert out[1][1].startswith("eps is added outside the square root")
+
+
+# ---- the evidence line -------------------------------------------------------------------------
+
+
+def test_the_evidence_line_gives_the_ratios_the_match_the_fit_and_at_most_four_cases():
+    ev = diagnosis.Evidence(cases=[f"p{i}/float32/y" for i in range(6)], ratio_before=12.5,
+                            ratio_after=0.75, match_rate=0.998765,
+                            params={"eps": 1e-6, "offset": 1.0, "block": 32})
+    assert ev.brief() == ("ratio 12.5 -> 0.75; bit-exact 99.9%; eps=1e-06 (HF's rms_norm_eps "
+                          "default); offset=1; block=32; in p0/float32/y, p1/float32/y, "
+                          "p2/float32/y, p3/float32/y ...")
+    short = diagnosis.Evidence(cases=["a/float32/y"], ratio_before=2.0)
+    assert short.brief() == "ratio 2; in a/float32/y"
+    d = diagnosis.make("sum_not_mean", short)
+    assert d.line() == ("DIAGNOSIS [sum_not_mean] the sum of squares is not divided by N (a √N "
+                        "scale on rstd) (evidence: ratio 2; in a/float32/y)\n    fix: divide "
+                        "the sum of squares by N (use mean(x²))")
+    assert diagnosis.Diagnosis("x", "t", short).line() == (
+        "DIAGNOSIS [x] t (evidence: ratio 2; in a/float32/y)")
+
+
+def test_seen_in_lists_each_probe_and_dtype_once_in_order():
+    d = diagnosis.make("sum_not_mean", diagnosis.Evidence(
+        cases=["b/float32/y", "a/bfloat16/dx", "b/float32/dx", "a/bfloat16/y"]))
+    assert d.seen_in == ["b/float32", "a/bfloat16"]
+
+
+@pytest.mark.parametrize("v, text", [
+    (None, "-"), (float("inf"), "inf"), (float("-inf"), "-inf"), (float("nan"), "nan"),
+    (0.0, "0"), (0.75, "0.75"), (1e-3, "0.001"), (9.9e-4, "9.9e-04"), (9999.0, "1e+04"),
+    (1e4, "1.0e+04"), (123.456, "123"), (-2.5, "-2.5"), (-1e-5, "-1.0e-05")])
+def test_format_ratio_keeps_every_figure_short(v, text):
+    """At most 8 characters (one more for a sign), -inf with its sign (it read 'nan')."""
+    assert diagnosis.format_ratio(v) == text
+
+
+def test_a_template_field_that_was_not_filled_reads_as_a_question_mark():
+    assert diagnosis._format("a {x} b {y}", {"x": 0.1234567891}) == "a 0.123457 b ?"
+    assert diagnosis._fmt_num(3) == "3" and diagnosis._fmt_num("s") == "s"
+    assert diagnosis._fmt_param(1e-5) == "1e-05 (a common default)"
+    assert diagnosis._fmt_param(1e-4) == "0.0001" and diagnosis._fmt_param("x") == "x"
+
+
+# ---- the fitted parameters, and one diagnosis per code -----------------------------------------
+
+
+def test_the_params_hold_exactly_what_was_fitted():
+    assert diagnosis._params(H(), []) == {}
+    assert diagnosis._params(H(eps=1e-6, offset=1.0, projection=2.0, stat_block=32,
+                               dweight="prefix:3"), []) == {
+        "eps": 1e-6, "offset": 1.0, "projection_scale": 2.0, "block": 32, "dweight": "prefix:3"}
+    assert diagnosis._params(H(eps="finfo(input dtype).eps"), []) == {
+        "eps": "finfo(input dtype).eps"}
+    assert diagnosis._params(H(eps=0.0), []) == {"eps": 0.0}
+
+
+def test_one_code_seen_twice_is_one_diagnosis_with_all_its_cases_and_the_worst_ratios():
+    a = diagnosis.make("sum_not_mean", diagnosis.Evidence(cases=["p/float32/y"],
+                                                          ratio_before=5.0, ratio_after=0.5))
+    b = diagnosis.make("sum_not_mean", diagnosis.Evidence(
+        cases=["p/float32/y", "q/float32/y"], ratio_before=7.0, ratio_after=0.25))
+    c = diagnosis.make("eps_outside_sqrt", diagnosis.Evidence(cases=["r/float32/y"],
+                                                              ratio_before=9.0))
+    d = diagnosis.make("eps_outside_sqrt", diagnosis.Evidence(cases=["s/float32/y"],
+                                                              ratio_before=3.0, ratio_after=0.5))
+    out = diagnosis._merge_diagnoses([c, a, b, d])
+    assert [x.code for x in out] == ["eps_outside_sqrt", "sum_not_mean"] or \
+        [x.code for x in out] == ["sum_not_mean", "eps_outside_sqrt"]
+    merged = {x.code: x.evidence for x in out}
+    s = merged["sum_not_mean"]
+    assert (s.cases, s.ratio_before, s.ratio_after) == (["p/float32/y", "q/float32/y"], 7.0, 0.5)
+    e = merged["eps_outside_sqrt"]
+    assert (e.cases, e.ratio_before, e.ratio_after) == (["r/float32/y", "s/float32/y"], 9.0, 0.5)
+    three = diagnosis._merge_diagnoses([a, diagnosis.make("n_minus_1", diagnosis.Evidence(
+        cases=["x/float32/y", "y/float32/y", "z/float32/y"], ratio_before=2.0))])
+    assert [x.code for x in three] == ["n_minus_1", "sum_not_mean"]  # most cases first
+
+
+def test_a_diagnosis_records_its_codes_on_each_case_once():
+    o = an_observation()
+    o.codes = ["eps_value"]
+    diagnosis._record([o], "eps_value", "n_minus_1", "n_minus_1")
+    assert o.codes == ["eps_value", "n_minus_1"]
+    other = an_observation(seed=1)
+    other.codes = None
+    diagnosis._record([other], "n_minus_1")  # a case that keeps no codes is left alone
+    assert other.codes is None
+
+
+# ---- what nothing explains ---------------------------------------------------------------------
+
+
+def correct_y(x, w):
+    """The float64 RMSNorm rounded once to x's dtype (torch's convention, eps = finfo eps)."""
+    x64, w64 = x.astype(np.float64), w.astype(np.float64)
+    eps = float(np.finfo(np.float32).eps)
+    y = x64 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + eps) * w64
+    return y.astype(x.dtype)
+
+
+def spoiled(cols):
+    """The correct y with the columns ``cols`` (a slice) doubled plus one: a bug there only."""
+    def got(x, w):
+        y = correct_y(x, w).astype(np.float64)
+        y[:, cols] = 2 * y[:, cols] + 1
+        return y.astype(x.dtype)
+    return got
+
+
+def test_errors_in_the_last_partial_block_are_a_tail_naming_the_largest_such_block():
+    """N = 72: errors only in columns 64..71 sit in the last partial block of 16, 32 and 64 (72
+    is no multiple of them; it is of 8, which has no partial block), and there is no full block
+    of 128 or more: the tail names 64."""
+    o = an_observation(shape=(72,), got=spoiled(slice(64, 72)))
+    assert not o.passed
+    assert diagnosis._tail_blocks(o) == {16, 32, 64}
+    o.codes = []
+    (d,) = diagnosis._unexplained([o], ["eps_value"])
+    assert (d.code, d.evidence.params, d.evidence.cases) == ("tail", {"block": 64},
+                                                             ["gaussian/float32/y"])
+    assert d.text == ("errors are confined to the columns of the last partial block (consistent "
+                      "with a block of 64 columns): a block/tail-handling bug, e.g. masking or "
+                      "indexing of the last partial block")
+    assert d.evidence.ratio_before == o.ratio and o.codes == ["tail"]
+
+
+def test_the_tail_block_is_the_largest_one_every_tail_case_shares():
+    """Two tail cases, N = 72 (blocks 16, 32, 64) and N = 40 with errors in 32..39 (blocks 16,
+    32): the largest block they share is 32."""
+    a = an_observation(shape=(72,), got=spoiled(slice(64, 72)))
+    b = an_observation(shape=(40,), got=spoiled(slice(32, 40)), seed=1, probe="other")
+    assert diagnosis._tail_blocks(b) == {16, 32}
+    (d,) = diagnosis._unexplained([a, b], [])
+    assert d.evidence.params == {"block": 32} and "a block of 32 columns" in d.text
+    assert d.evidence.cases == ["gaussian/float32/y", "other/float32/y"]
+    assert d.evidence.ratio_before == max(a.ratio, b.ratio)
+
+
+def test_errors_before_the_last_partial_block_are_no_tail():
+    """Errors from column 60 in N = 72 (before 64, where the last partial block of 16, 32 and 64
+    starts), or in N = 64 (a multiple of every block up to 64: no partial block), are not a
+    tail; a correct case has no failing element at all."""
+    assert diagnosis._tail_blocks(an_observation(shape=(72,), got=spoiled(slice(60, 72)))) \
+        == set()
+    assert diagnosis._tail_blocks(an_observation(shape=(64,), got=spoiled(slice(56, 64)))) \
+        == set()
+    assert diagnosis._tail_blocks(an_observation(shape=(72,), got=correct_y)) == set()
+
+
+def test_what_no_known_mistake_explains_names_four_cases_and_everything_tried():
+    """Errors spread over the row: no tail. The text names up to four cases (then '...') and
+    every code tried; the evidence counts them and keeps the worst ratio."""
+    spread = [an_observation(got=spoiled(slice(0, 64, 3)), seed=i, probe=f"p{i}")
+              for i in range(5)]
+    (d,) = diagnosis._unexplained(spread, ["eps_value", "n_minus_1"])
+    assert d.code == "no_known_cause"
+    assert d.text == ("no known mistake explains p0/float32/y, p1/float32/y, p2/float32/y, "
+                      "p3/float32/y ...; tried: eps_value, n_minus_1")
+    assert d.evidence.params == {"tried": 2} and len(d.evidence.cases) == 5
+    assert d.evidence.ratio_before == max(o.ratio for o in spread)
+    (one,) = diagnosis._unexplained(spread[:1], [])
+    assert one.text == "no known mistake explains p0/float32/y; tried: "
+
+
+def test_tails_and_the_rest_are_reported_apart_tail_first():
+    tail = an_observation(shape=(72,), got=spoiled(slice(64, 72)), probe="t")
+    rest = an_observation(got=spoiled(slice(0, 64, 3)), probe="r")
+    out = diagnosis._unexplained([rest, tail], ["x"])
+    assert [(d.code, d.evidence.cases) for d in out] == [
+        ("tail", ["t/float32/y"]), ("no_known_cause", ["r/float32/y"])]
+
+
+# ---- diagnose, end to end ----------------------------------------------------------------------
+
+
+def test_diagnose_names_nothing_when_every_case_passes():
+    assert diagnosis.diagnose([an_observation(got=correct_y)]) == []
+
+
+def test_diagnose_reports_a_forward_cause_with_its_evidence_and_leaves_passing_cases_out():
+    """eps = 1e-6 where the reference used float32's eps, on tiny rows where eps shows: one
+    eps_value diagnosis, its evidence from the failing case only, the fit in the params."""
+    def eps_1e6(x, w):
+        x64 = x.astype(np.float64)
+        y = x64 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + 1e-6) * w
+        return y.astype(x.dtype)
+
+    def tiny(dtype=np.float32, **kw):
+        o = an_observation(dtype, **kw)
+        x = (o.x.astype(np.float64) * 1e-3).astype(dtype)
+        return observe(eps_1e6(x, o.weight), x, o.shape, o.weight, None, probe=o.probe)
+
+    bad = tiny(probe="tiny")
+    good = an_observation(got=correct_y, probe="ok")
+    assert not bad.passed and good.passed
+    (d,) = diagnosis.diagnose([good, bad])
+    assert d.code == "eps_value" and d.evidence.cases == ["tiny/float32/y"]
+    assert d.evidence.params["eps"] == pytest.approx(1e-6, rel=1e-3)
+    assert d.evidence.ratio_after <= 1 < d.evidence.ratio_before == bad.ratio
+    assert d.text.startswith("eps differs from the one asked for: the output is reproduced with "
+                             "eps = 1e-06 (HF's rms_norm_eps default)")
