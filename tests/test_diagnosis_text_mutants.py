@@ -72,6 +72,11 @@ TEXTS = [
     (H(precision="native"), "the statistic is computed in the input's 16-bit type (x², the mean, "
      "rstd and x·rstd each rounded to the input dtype): its rounding errors reach the output",
      STAT_FIX),
+    (H(precision="native_div"), "the statistic is computed in the input's 16-bit type (x², the "
+     "mean, rstd and x·rstd each rounded to the input dtype): its rounding errors reach the "
+     "output", STAT_FIX),
+    (H(projection=0.81234567), "the path through rstd is scaled by 0.8123 (fitted): dx = "
+     "rstd·(w·dy − 0.8123·x̂·c)", PROJ_FIX),
     (H(precision="sequential"), "the statistic is computed in the input's 16-bit type (x² summed "
      "in a 16-bit accumulator): its rounding errors reach the output", STAT_FIX),
     (H(dweight="half_sum"), "dweight's sum over rows is computed in the input's 16-bit type (each"
@@ -206,6 +211,10 @@ def test_the_evidence_line_gives_the_ratios_the_match_the_fit_and_at_most_four_c
     assert ev.brief() == ("ratio 12.5 -> 0.75; bit-exact 99.9%; eps=1e-06 (HF's rms_norm_eps "
                           "default); offset=1; block=32; in p0/float32/y, p1/float32/y, "
                           "p2/float32/y, p3/float32/y ...")
+    # only eps is named after the default it equals: a projection scale of 0 is just 0
+    zero = diagnosis.Evidence(cases=["a/float32/dx"], ratio_before=2.0,
+                              params={"projection_scale": 0.0, "eps": 0.0})
+    assert zero.brief() == "ratio 2; projection_scale=0; eps=0 (eps ignored); in a/float32/dx"
     short = diagnosis.Evidence(cases=["a/float32/y"], ratio_before=2.0)
     assert short.brief() == "ratio 2; in a/float32/y"
     d = diagnosis.make("sum_not_mean", short)
@@ -327,10 +336,59 @@ def test_the_tail_block_is_the_largest_one_every_tail_case_shares():
     a = an_observation(shape=(72,), got=spoiled(slice(64, 72)))
     b = an_observation(shape=(40,), got=spoiled(slice(32, 40)), seed=1, probe="other")
     assert diagnosis._tail_blocks(b) == {16, 32}
+    for order in ([a, b], [b, a]):  # the blocks every case shares, whatever the order
+        (d,) = diagnosis._unexplained(order, [])
+        assert d.evidence.params == {"block": 32} and "a block of 32 columns" in d.text
     (d,) = diagnosis._unexplained([a, b], [])
-    assert d.evidence.params == {"block": 32} and "a block of 32 columns" in d.text
     assert d.evidence.cases == ["gaussian/float32/y", "other/float32/y"]
     assert d.evidence.ratio_before == max(a.ratio, b.ratio)
+
+
+def test_tail_cases_that_share_no_block_are_a_tail_of_no_named_block():
+    """N = 12 with errors in 8..11 (a partial block of 8 only) and N = 40 with errors in 32..39
+    (16 or 32): no block size fits both, so the tail names none and fits none."""
+    a = an_observation(shape=(12,), got=spoiled(slice(8, 12)))
+    b = an_observation(shape=(40,), got=spoiled(slice(32, 40)), seed=1, probe="other")
+    assert diagnosis._tail_blocks(a) == {8}
+    (d,) = diagnosis._unexplained([a, b], [])
+    assert (d.code, d.evidence.params) == ("tail", {})
+    assert d.text == ("errors are confined to the columns of the last partial block (consistent "
+                      "with a block): a block/tail-handling bug, e.g. masking or indexing of the "
+                      "last partial block")
+
+
+def test_dweight_errors_are_never_a_tail():
+    """dweight is one row summed over the rows: errors in its last columns say nothing of a
+    row's blocks, so they are no tail even where y's would be."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 72)).astype(np.float32)
+    w = (1 + 0.25 * rng.standard_normal(72)).astype(np.float32)
+    dy = rng.standard_normal((4, 72)).astype(np.float32)
+    x64, dy64 = x.astype(np.float64), dy.astype(np.float64)
+    eps = float(np.finfo(np.float32).eps)
+    xhat = x64 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + eps)
+    dw = np.sum(dy64 * xhat, axis=0)
+    dw[64:] = 2 * dw[64:] + 1  # wrong in the last partial block of 64
+    o = observe(dw.astype(np.float32), x, 72, w, quantity="dweight", dy=dy)
+    assert not o.passed
+    assert diagnosis._tail_blocks(o) == set()
+
+
+def test_a_failing_element_just_past_the_bound_before_the_tail_makes_it_no_tail():
+    """The first failing column decides: one element at 1.5 bounds in column 60 (before the
+    partial block of 64 at N = 72), the rest of the errors in 64..71: no tail. Exact elements
+    (a zero column: y = 0 exactly) are no failures."""
+    first = an_observation(shape=(72,), got=correct_y)
+    x = first.x.copy()
+    x[:, 0] = 0.0  # y is exactly 0 there: an error of 0 against a bound of 0
+    base = observe(correct_y(x, first.weight), x, 72, first.weight)
+    pred = diagnosis.predict(diagnosis.CORRECT, base)
+    got = pred.exact.copy()
+    got[:, 64:] = 2 * got[:, 64:] + 1
+    tail = observe(got, x, 72, first.weight)
+    assert diagnosis._tail_blocks(tail) == {16, 32, 64}
+    got[1, 60] = pred.exact[1, 60] + 1.5 * pred.bound[1, 60]
+    assert diagnosis._tail_blocks(observe(got, x, 72, first.weight)) == set()
 
 
 def test_errors_before_the_last_partial_block_are_no_tail():
@@ -357,6 +415,12 @@ def test_what_no_known_mistake_explains_names_four_cases_and_everything_tried():
     assert d.evidence.ratio_before == max(o.ratio for o in spread)
     (one,) = diagnosis._unexplained(spread[:1], [])
     assert one.text == "no known mistake explains p0/float32/y; tried: "
+    (four,) = diagnosis._unexplained(spread[:4], [])
+    assert four.text.endswith("p3/float32/y; tried: ")  # four named: no '...'
+    for o in spread:
+        o.codes = []
+    diagnosis._unexplained(spread, [])
+    assert all(o.codes == ["no_known_cause"] for o in spread)
 
 
 def test_tails_and_the_rest_are_reported_apart_tail_first():
@@ -396,3 +460,50 @@ def test_diagnose_reports_a_forward_cause_with_its_evidence_and_leaves_passing_c
     assert d.evidence.ratio_after <= 1 < d.evidence.ratio_before == bad.ratio
     assert d.text.startswith("eps differs from the one asked for: the output is reproduced with "
                              "eps = 1e-06 (HF's rms_norm_eps default)")
+
+
+def test_each_diagnosis_of_a_fit_owns_its_evidence_and_records_its_codes_on_the_cases():
+    """A fit of two causes at once (eps = 1e-6 outside the root) gives two diagnoses with the
+    same evidence: the cases, the worst ratio before and after, the mean bit-exact rate, the
+    fitted eps. Each owns its lists (merging more cases into one leaves the other alone), and
+    each case records both codes."""
+    obs = [an_observation(bfloat16, probe="a"), an_observation(bfloat16, probe="b", seed=1)]
+    for o in obs:
+        o.codes = []
+    h = H(eps=1e-6, eps_outside=True)
+    scores = [diagnosis.Score(0.5, 0.99), diagnosis.Score(0.25, 0.97)]
+    ds = diagnosis._diagnoses_of(diagnosis._Choice(h, obs, scores))
+    assert [d.code for d in ds] == ["eps_value", "eps_outside_sqrt"]
+    for d in ds:
+        ev = d.evidence
+        assert (ev.cases, ev.ratio_after, ev.params) == (["a/bfloat16/y", "b/bfloat16/y"], 0.5,
+                                                         {"eps": 1e-6})
+        assert ev.ratio_before == max(o.ratio for o in obs)
+        assert ev.match_rate == pytest.approx(0.98)
+    assert all(o.codes == ["eps_value", "eps_outside_sqrt"] for o in obs)
+    more = diagnosis.make("eps_value", diagnosis.Evidence(cases=["c/bfloat16/y"],
+                                                          ratio_before=1.0))
+    diagnosis._merge_diagnoses([*ds, more])
+    assert ds[0].evidence.cases == ["a/bfloat16/y", "b/bfloat16/y", "c/bfloat16/y"]
+    assert ds[1].evidence.cases == ["a/bfloat16/y", "b/bfloat16/y"]
+    ds[0].evidence.params["eps"] = 2.0
+    assert ds[1].evidence.params == {"eps": 1e-6}
+    (d,) = diagnosis._diagnoses_of(diagnosis._Choice(H(divisor="1"), obs[:1],
+                                                     [diagnosis.Score(0.5, None)]))
+    assert d.evidence.match_rate is None  # no bit-exact rate where no case has one
+
+
+def test_cases_neither_pass_explains_are_all_reported():
+    """A y nothing explains (every third column spoiled) and a dx of noise: the forward's
+    unexplained case is kept when the backward's is added, in one no_known_cause."""
+    y = an_observation(got=spoiled(slice(0, 64, 3)), probe="fwd")
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    w = (1 + 0.25 * rng.standard_normal(64)).astype(np.float32)
+    dy = rng.standard_normal((4, 64)).astype(np.float32)
+    noise = rng.standard_normal((4, 64)).astype(np.float32)
+    dx = observe(noise, x, 64, w, quantity="dx", dy=dy, probe="bwd")
+    assert not y.passed and not dx.passed
+    out = diagnosis.diagnose([y, dx])
+    assert [d.code for d in out] == ["no_known_cause"]
+    assert out[0].evidence.cases == ["fwd/float32/y", "bwd/float32/dx"]
