@@ -11,6 +11,7 @@ import pytest
 
 from rmsref import diagnosis
 from rmsref._shapes import bfloat16
+from rmsref.comparison import Reference
 
 from .test_diagnosis_mutants import observe
 
@@ -396,3 +397,280 @@ def test_diagnose_reports_a_forward_cause_with_its_evidence_and_leaves_passing_c
     assert d.evidence.ratio_after <= 1 < d.evidence.ratio_before == bad.ratio
     assert d.text.startswith("eps differs from the one asked for: the output is reproduced with "
                              "eps = 1e-06 (HF's rms_norm_eps default)")
+
+
+# ---- the evidence of one choice, locating the tail, the truncation rounding ---------------------
+# (the diag-text helper's tests: what the mutants of _diagnoses_of, Evidence.brief, _unexplained,
+# _tail_blocks and _trunc showed unpinned)
+
+
+@pytest.fixture(scope="module")
+def cases():
+    """Two cases that differ in everything _fields reads: a float32 case under torch (eps=None:
+    finfo(float32).eps, offset 0, normalized_shape (2, 8)) and a bfloat16 case under gemma
+    (eps=1e-5 passed, offset 1, normalized_shape (16,))."""
+    rng = np.random.default_rng(7)
+    x32 = rng.standard_normal((4, 2, 8)).astype(np.float32)
+    o32 = observe(np.zeros((4, 16)), x32, (2, 8), np.ones((2, 8), np.float32))
+    xb = rng.standard_normal((4, 16)).astype(bfloat16)
+    ob = observe(np.zeros((4, 16)), xb, 16, None, 1e-5, convention="gemma")
+    return o32, ob
+
+
+def _diagnosis(h, obs, match=None):
+    """The one diagnosis of ``h`` explaining ``obs`` with a quarter of the bound left."""
+    choice = diagnosis._Choice(h, list(obs), [diagnosis.Score(0.25, match)] * len(obs))
+    (d,) = diagnosis._diagnoses_of(choice)
+    return d
+
+
+# (hypothesis, on both cases?, the text, the fix); "both": the bfloat16/gemma case first.
+_TEXTS = [
+    (H(eps=1e-6), False,
+     "eps differs from the one asked for: the output is reproduced with eps = 1e-06 (HF's "
+     "rms_norm_eps default) where eps=None was passed; the reference used 1.19209e-07 "
+     "(finfo(float32).eps)",
+     "use the convention's default eps when eps=None is passed (1.19209e-07 "
+     "(finfo(float32).eps))"),
+    (H(eps=diagnosis._INPUT_EPS, eps_scope="all"), True,
+     "eps differs from the one asked for: the output is reproduced with eps = finfo(input "
+     "dtype).eps whatever eps was passed (the eps argument is ignored); the reference used "
+     "1.19209e-07 (finfo(float32).eps), 1e-05 (a common default)",
+     "pass the eps argument through to the computation"),
+    (H(centre_stat=True), False,
+     "the statistic is the variance (the mean is removed, numerator left as x) in place of the "
+     "mean of squares: this is LayerNorm's statistic, not RMSNorm's", None),
+    (H(centre_stat=True, centre_num=True), False,
+     "the statistic is the variance (the mean is removed from the numerator too) in place of "
+     "the mean of squares: this is LayerNorm's statistic, not RMSNorm's", None),
+    (H(stat_group="last"), False,
+     "the statistic is taken over the wrong axes (the last dim only, where normalized_shape "
+     "(2, 8) was asked)", "reduce over exactly the normalised (trailing) dims: all of (2, 8)"),
+    (H(stat_group="rows"), False,
+     "the statistic is taken over the wrong axes (the batch axis (over rows) instead of the "
+     "features)",
+     "reduce over exactly the normalised (trailing) dims: the trailing (feature) dims, one "
+     "statistic per row"),
+    (H(precision="native"), True,
+     "the statistic is computed in the input's 16-bit type (x², the mean, rstd and x·rstd each "
+     "rounded to the input dtype): its rounding errors reach the output", None),
+    (H(precision="native_div"), True,
+     "the statistic is computed in the input's 16-bit type (x², the mean, rstd and x·rstd each "
+     "rounded to the input dtype): its rounding errors reach the output", None),
+    (H(precision="sequential"), True,
+     "the statistic is computed in the input's 16-bit type (x² summed in a 16-bit "
+     "accumulator): its rounding errors reach the output", None),
+    (H(offset=1.0), False,
+     "the weight is used as 1 + w where w was expected (fitted offset 1)",
+     "validate against the 'gemma' convention if your weights are stored as scale − 1; else "
+     "multiply by w itself"),
+    (H(offset=-1.0), False,
+     "the weight is used as w − 1 where w was expected (fitted offset -1)",
+     "add the 1 to the weight (the convention stores w = scale − 1)"),
+    (H(offset=0.5), True,
+     "the weight is used as 1.5 + w where 1 + w was expected (fitted offset 0.5)",
+     "validate against the 'gemma' convention if your weights are stored as scale − 1; else "
+     "multiply by w itself"),
+    (H(offset=-1.0), True,
+     "the weight is used as 0 + w where 1 + w was expected (fitted offset -1)",
+     "add the 1 to the weight (the convention stores w = scale − 1)"),
+    (H(as_float32=True), False,
+     "float64 input is computed in float32: the errors are float32's (ratio 0.25 to a float32 "
+     "computation's bound)", None),
+    (H(projection="N"), False,
+     "the path through rstd is scaled by N (a sum where the mean belongs): "
+     "dx = rstd·(w·dy − N·x̂·c)", None),
+    (H(projection=0.37), False,
+     "the path through rstd is scaled by 0.37 (fitted): dx = rstd·(w·dy − 0.37·x̂·c)", None),
+    (H(projection=1 / 3), False,
+     "the path through rstd is scaled by 0.3333 (fitted): dx = rstd·(w·dy − 0.3333·x̂·c)", None),
+    (H(projection="N/(N-1)"), False,
+     "the path through rstd is scaled by N/(N-1) (N − 1 in the projection's mean): "
+     "dx = rstd·(w·dy − N/(N-1)·x̂·c)", None),
+    (H(projection="(N-1)/N"), False,
+     "the path through rstd is scaled by (N-1)/N (a stray factor (N − 1)/N): "
+     "dx = rstd·(w·dy − (N-1)/N·x̂·c)", None),
+    (H(projection="1/N"), False,
+     "the path through rstd is scaled by 1/N (divided by N twice): "
+     "dx = rstd·(w·dy − 1/N·x̂·c)", None),
+    (H(projection=2.0), False,
+     "the path through rstd is scaled by 2 (counted twice): dx = rstd·(w·dy − 2·x̂·c)", None),
+    (H(projection=0.5), False,
+     "the path through rstd is scaled by 0.5 (halved): dx = rstd·(w·dy − 0.5·x̂·c)", None),
+    (H(projection=-1.0), False,
+     "the path through rstd is scaled by -1 (added instead of subtracted): "
+     "dx = rstd·(w·dy − -1·x̂·c)", None),
+    (H(dweight="prefix:3"), False,
+     "dweight is not reduced over all rows (only the first 3 rows)", None),
+    (H(dweight="suffix:2"), False,
+     "dweight is not reduced over all rows (only the last 2 rows)", None),
+    (H(dweight="features"), False,
+     "dweight is not reduced over all rows (summed over the features instead of the rows (it "
+     "has the right shape only because rows = N))", None),
+    (H(stat_block=32), False,
+     "the sum of squares skips the columns of the last partial block (a block of 32 columns)",
+     None),
+    (H(offset_rounded=True), True,
+     "the offset 1 + w is rounded to the weight dtype before it multiplies: R_w(1 + w) (80.0% "
+     "of elements reproduced bit for bit that way)",
+     "add the 1 in float32: (1 + w.float()), or validate against 'gemma_wdtype'"),
+    (H(rounding="trunc"), True,
+     "the output is rounded toward zero instead of to nearest-even (80.0% of elements "
+     "reproduced bit for bit by truncation)",
+     "round float32 -> bfloat16/float32 to nearest-even (a plain cast), not by dropping bits"),
+    (H(rounding="double"), False,
+     "an intermediate is rounded to the input dtype where one rounding was expected: x̂ = x·rstd "
+     "is rounded before the weight multiplies it (most of elements reproduced bit for bit by "
+     "that order)", None),
+    (H(separate_terms=True), True,
+     "dx's two terms are rounded to bfloat16/float32 before they are subtracted: where they "
+     "cancel, their rounding errors are the result", None),
+]
+
+
+def test_the_evidence_of_a_cause_is_its_cases_worst_ratios_bits_and_fit(cases):
+    """_diagnoses_of: the cases it explains (labels, in order), the worst ratio before (over
+    the cases) and after (over the scores), the mean bit match, the fitted values; and the
+    codes recorded on each case."""
+    o32, ob = cases
+    o32.codes, ob.codes = [], []
+    choice = diagnosis._Choice(H(eps=1e-6, divisor="N-1"), [ob, o32],
+                               [diagnosis.Score(0.25, 0.7), diagnosis.Score(0.5, 0.9)])
+    d1, d2 = diagnosis._diagnoses_of(choice)
+    assert [d1.code, d2.code] == ["eps_value", "n_minus_1"]
+    for d in (d1, d2):
+        ev = d.evidence
+        assert ev.cases == ["gaussian/bfloat16/y", "gaussian/float32/y"]
+        assert ev.ratio_before == max(o32.ratio, ob.ratio) and ev.ratio_before > 1
+        assert ev.ratio_after == 0.5
+        assert ev.match_rate == pytest.approx(0.8)
+        assert ev.params == {"eps": 1e-6}
+    # each diagnosis owns its evidence: merging one's cases leaves the other's alone
+    assert d1.evidence is not d2.evidence and d1.evidence.cases is not d2.evidence.cases
+    assert d1.evidence.params is not d2.evidence.params
+    assert o32.codes == ob.codes == ["eps_value", "n_minus_1"]
+    o32.codes = ob.codes = None
+    # no bits counted on any case: no match rate (not 0, not nan)
+    d = _diagnosis(H(divisor="N-1"), [o32])
+    assert d.evidence.match_rate is None and "bit-exact" not in d.line()
+
+
+def test_named_eps_values_read_with_their_names_only_where_a_name_is_wanted():
+    """Evidence.brief names an eps (0 is "eps ignored") and writes every other fitted number
+    plainly: a projection scale of 0 is "0", not "0 (eps ignored)"."""
+    ev = diagnosis.Evidence(cases=["a/float32/dx"], ratio_before=3.0,
+                            params={"eps": 0.0, "projection_scale": 0.0, "offset": 1e-6})
+    assert ev.brief() == ("ratio 3; eps=0 (eps ignored); projection_scale=0; offset=1e-06; "
+                          "in a/float32/dx")
+
+
+def _tail_case(n, lo, probe="tails", rows=3, seed=0):
+    """A float32 case whose y is exact except columns lo.. of every row (off by 1 %)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, n)).astype(np.float32)
+    y = Reference(x, (n,), None, 2.0**-23).exact("y")
+    y[:, lo:] *= 1.01
+    return observe(y.astype(np.float32), x, n, probe=probe)
+
+
+def test_tail_blocks_are_the_block_sizes_whose_last_partial_block_holds_every_error():
+    """With N = 40 and errors from column 32 on, blocks of 16 and 32 leave 32.. as the partial
+    block; 8 divides 40 (no partial block) and 64 exceeds N (no full block)."""
+    assert diagnosis._tail_blocks(_tail_case(40, 32)) == {16, 32}
+    assert diagnosis._tail_blocks(_tail_case(40, 31)) == set()      # column 31 is in a full one
+    assert diagnosis._tail_blocks(_tail_case(24, 16)) == {16}
+    assert diagnosis._tail_blocks(_tail_case(48, 32)) == {32}
+
+
+def test_an_error_just_past_its_bound_locates_the_tail_and_one_on_it_does_not():
+    """A tail error of 1.5 bounds counts (a small error, not only a gross one); an element
+    exactly on its bound is inside it, as everywhere else in rmsref, so it does not pull the
+    first bad column out of the tail. float32 has a (tiny) bound even where y is 0."""
+    x = np.ones((3, 40), np.float32)
+    x[1] = 0.0
+    o = observe(np.zeros((3, 40)), x, 40)
+    pred = diagnosis.predict(diagnosis.CORRECT, o)
+    got = pred.exact.copy()
+    got[:, 32:] += 1.5 * pred.bound[:, 32:]
+    got[1, 0] = pred.bound[1, 0]                    # exact is 0 there: the error is the bound
+    assert pred.exact[1, 0] == 0.0 and pred.bound[1, 0] > 0.0
+    assert diagnosis._tail_blocks(observe(got, x, 40)) == {16, 32}
+
+
+def test_an_error_of_exactly_one_is_located_like_any_other():
+    """err == 1 is not "no error": with y = 1 exactly (rows of ones, eps = 0, float64) an
+    output of 2 in the tail places the tail."""
+    x = np.ones((2, 40))
+    got = np.ones((2, 40))
+    got[:, 32:] = 2.0
+    assert diagnosis._tail_blocks(observe(got, x, 40, eps=0.0)) == {16, 32}
+
+
+def test_locating_the_tail_among_zero_bounds_warns_of_nothing():
+    """float64 y that is exactly 0 has a bound of 0: an exact 0 there (0/0) and an error there
+    (x/0, in the tail) are judged without NumPy warnings reaching the user."""
+    import warnings
+
+    x = np.ones((3, 40))
+    x[1] = 0.0
+    o = observe(np.zeros((3, 40)), x, 40, eps=1e-6)
+    pred = diagnosis.predict(diagnosis.CORRECT, o)
+    assert (pred.bound[1] == 0.0).all()
+    got = pred.exact.copy()
+    got[1, 32:] = 1e-300
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        assert diagnosis._tail_blocks(observe(got, x, 40, eps=1e-6)) == {16, 32}
+
+
+def test_errors_in_the_tail_read_as_a_tail_bug_with_the_block_every_case_shares():
+    """Two tail cases share only B = 16 ({16} and {16, 32}): the text names 16, whichever case
+    comes first; a case with errors elsewhere is no_known_cause, listing what was tried. Each
+    case records the code it is reported under."""
+    a, b, other = _tail_case(24, 16), _tail_case(40, 32, seed=1), _tail_case(40, 3, "gaussian")
+    a.codes, b.codes, other.codes = [], [], []
+    for order in ([a, b, other], [b, a, other]):
+        tail, unknown = diagnosis._unexplained(order, ["eps_value", "n_minus_1"])
+        assert tail.code == "tail"
+        assert tail.text == ("errors are confined to the columns of the last partial block "
+                             "(consistent with a block of 16 columns): a block/tail-handling "
+                             "bug, e.g. masking or indexing of the last partial block")
+        assert tail.evidence.params == {"block": 16}
+        assert tail.evidence.cases == [o.label for o in order if o is not other]
+        assert tail.evidence.ratio_before == max(a.ratio, b.ratio)
+        assert unknown.code == "no_known_cause"
+        assert unknown.text == ("no known mistake explains gaussian/float32/y; tried: "
+                                "eps_value, n_minus_1")
+        assert unknown.evidence.cases == ["gaussian/float32/y"]
+        assert unknown.evidence.params == {"tried": 2}
+        assert unknown.evidence.ratio_before == other.ratio
+        assert a.codes == b.codes == ["tail"] and other.codes == ["no_known_cause"]
+
+
+def test_dweight_and_exact_cases_have_no_tail():
+    """dweight has no columns of a row to locate; an output with no element out of bound has
+    nowhere to place a block."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 40)).astype(np.float32)
+    dy = rng.standard_normal((3, 40)).astype(np.float32)
+    w = np.ones(40, np.float32)
+    dw = Reference(x, (40,), w, 2.0**-23, dy=dy).exact("dweight")
+    dw[:, 32:] *= 1.01
+    assert diagnosis._tail_blocks(observe(dw, x, 40, w, quantity="dweight", dy=dy)) == set()
+    assert diagnosis._tail_blocks(_tail_case(40, 40)) == set()
+
+
+@pytest.mark.parametrize("dt", [np.dtype(bfloat16), np.dtype(np.float16), np.dtype(np.float32)])
+def test_truncation_rounds_toward_zero_and_never_overflows(dt):
+    """_trunc, the rounding the ``truncation`` cause predicts with: a value of ``dt`` stays, any
+    other goes to its neighbour nearer zero, on both signs; inf and nan stay; and a finite value
+    past ``dt``'s largest number is that number (dropping bits never reaches inf), where
+    rounding to nearest overflows."""
+    big = float(np.finfo(dt).max)
+    one_ulp = float(np.finfo(dt).eps)                         # the spacing of [1, 2)
+    v = np.array([1.0, 1 + 0.75 * one_ulp, 1 + 0.25 * one_ulp, 2 - 0.25 * one_ulp, 0.0,
+                  1.5 * big, big * (1 + 0.75 * one_ulp), np.inf, np.nan])
+    want = np.array([1.0, 1.0, 1.0, 2 - one_ulp, 0.0, big, big, np.inf, np.nan])
+    np.testing.assert_array_equal(diagnosis._trunc(v, dt), want)
+    np.testing.assert_array_equal(diagnosis._trunc(-v, dt), -want)
+    assert np.isinf(diagnosis._rt(np.array([1.5 * big]), dt)).all()  # nearest: overflows
