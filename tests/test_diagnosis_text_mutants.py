@@ -674,3 +674,23 @@ def test_truncation_rounds_toward_zero_and_never_overflows(dt):
     np.testing.assert_array_equal(diagnosis._trunc(v, dt), want)
     np.testing.assert_array_equal(diagnosis._trunc(-v, dt), -want)
     assert np.isinf(diagnosis._rt(np.array([1.5 * big]), dt)).all()  # nearest: overflows
+
+
+def test_a_native_statistic_with_a_division_reads_like_the_native_one(cases):
+    """precision "native_div" (rstd by a 16-bit division) is the same mistake in the user's
+    terms: the same sentence as "native", every field filled."""
+    o32, ob = cases
+    native = _diagnosis(H(precision="native"), [ob])
+    div = _diagnosis(H(precision="native_div"), [ob])
+    assert div.text == native.text == (
+        "the statistic is computed in the input's 16-bit type (x², the mean, rstd and x·rstd "
+        "each rounded to the input dtype): its rounding errors reach the output")
+    assert div.fix == native.fix
+
+
+def test_a_fitted_projection_scale_reads_with_four_significant_digits(cases):
+    """A fitted (unnamed) scale is written to 4 digits in the text, 0.3333, not 0.333333."""
+    o32, _ = cases
+    d = _diagnosis(H(projection=1 / 3), [o32])
+    assert d.text == ("the path through rstd is scaled by 0.3333 (fitted): "
+                      "dx = rstd·(w·dy − 0.3333·x̂·c)")
