@@ -674,6 +674,9 @@ def test_truncation_rounds_toward_zero_and_never_overflows(dt):
     np.testing.assert_array_equal(diagnosis._trunc(v, dt), want)
     np.testing.assert_array_equal(diagnosis._trunc(-v, dt), -want)
     assert np.isinf(diagnosis._rt(np.array([1.5 * big]), dt)).all()  # nearest: overflows
+    # outside [1, 2) the step back is that binade's own spacing (2 ulps of 1 at 3, 1/4 at 0.375)
+    v = np.array([3 + 1.5 * one_ulp, 0.375 + 0.1875 * one_ulp, 768 * (1 + 0.5 * one_ulp)])
+    np.testing.assert_array_equal(diagnosis._trunc(v, dt), [3.0, 0.375, 768.0])
 
 
 def test_a_native_statistic_with_a_division_reads_like_the_native_one(cases):
