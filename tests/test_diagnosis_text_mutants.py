@@ -697,3 +697,40 @@ def test_a_fitted_projection_scale_reads_with_four_significant_digits(cases):
     d = _diagnosis(H(projection=1 / 3), [o32])
     assert d.text == ("the path through rstd is scaled by 0.3333 (fitted): "
                       "dx = rstd·(w·dy − 0.3333·x̂·c)")
+
+
+# ---- diagnose: which forward causes it may name ------------------------------------------------
+
+
+def _fwd32(x, eps, div=0):
+    """A float32 forward with eps ``eps`` and the mean of squares divided by N − ``div``."""
+    ms = np.sum(x * x, axis=-1, keepdims=True, dtype=np.float32) / np.float32(x.shape[-1] - div)
+    return (x / np.sqrt(ms + np.float32(eps))).astype(np.float32)
+
+
+def test_two_forward_causes_that_no_single_one_explains_are_named_together():
+    """eps = 1e-6 (for eps=None) and N − 1 at once: N − 1 alone explains the unit-scale case,
+    nothing single explains the small one (where the eps shows); the pair explains both, so
+    both codes are reported over both cases, with nothing left unexplained."""
+    rng = np.random.default_rng(1)
+    obs = []
+    for scale, probe in ((1e-3, "small"), (1.0, "gaussian")):
+        x = (scale * rng.standard_normal((6, 64))).astype(np.float32)
+        obs.append(observe(_fwd32(x, 1e-6, div=1), x, 64, probe=probe))
+    ds = diagnosis.diagnose(obs)
+    assert [d.code for d in ds] == ["eps_value", "n_minus_1"]
+    for d in ds:
+        assert d.evidence.cases == ["small/float32/y", "gaussian/float32/y"]
+        assert d.evidence.params == {"eps": 1e-6}
+
+
+def test_a_forward_cause_that_breaks_a_passing_output_is_not_named():
+    """eps = 1e-6 explains a failing case, but the kernel got another case of the same kind
+    (eps=None, float32, small values) right, which that eps would break: no eps_value."""
+    rng = np.random.default_rng(1)
+    xa, xb = (1e-3 * rng.standard_normal((2, 6, 64))).astype(np.float32)
+    bad = observe(_fwd32(xa, 1e-6), xa, 64, probe="small")
+    good = observe(_fwd32(xb, 2.0**-23), xb, 64, probe="small2")
+    assert not bad.passed and good.passed
+    assert [d.code for d in diagnosis.diagnose([bad])] == ["eps_value"]
+    assert "eps_value" not in [d.code for d in diagnosis.diagnose([bad, good])]
