@@ -734,3 +734,45 @@ def test_a_forward_cause_that_breaks_a_passing_output_is_not_named():
     assert not bad.passed and good.passed
     assert [d.code for d in diagnosis.diagnose([bad])] == ["eps_value"]
     assert "eps_value" not in [d.code for d in diagnosis.diagnose([bad, good])]
+
+
+def _dx_case(rng, probe, project=True):
+    """A float32 dx computed in float64 from the derivation, without the path through rstd
+    (the projection) unless ``project``; x, w, dy drawn from ``rng``."""
+    x = rng.standard_normal((6, 64)).astype(np.float32)
+    w = (1 + 0.25 * rng.standard_normal(64)).astype(np.float32)
+    dy = rng.standard_normal((6, 64)).astype(np.float32)
+    x64, w64, dy64 = (a.astype(np.float64) for a in (x, w, dy))
+    rstd = 1 / np.sqrt(np.mean(x64 * x64, -1, keepdims=True) + 2.0**-23)   # (M, 1)
+    xhat = x64 * rstd                                                       # (M, N)
+    g = dy64 * w64                                                          # (M, N) w·dy
+    c = np.mean(g * xhat, -1, keepdims=True) if project else 0.0            # (M, 1)
+    dx = (rstd * (g - xhat * c)).astype(np.float32)
+    return observe(dx, x, 64, w, quantity="dx", dy=dy, probe=probe)
+
+
+def test_a_forward_case_nothing_explains_is_reported_once_beside_the_backward_cause():
+    """A y case no mistake explains and a dx case missing its projection: the backward cause is
+    named, and the y case is still reported, once, as no_known_cause with every code tried on
+    the forward and the backward, alphabetically."""
+    rng = np.random.default_rng(2)
+    y, dx = _tail_case(40, 3, "ybad"), _dx_case(rng, "gaussian", project=False)
+    first, unknown = diagnosis.diagnose([y, dx])
+    assert first.code == "missing_projection" and first.evidence.cases == ["gaussian/float32/dx"]
+    assert unknown.text == (
+        "no known mistake explains ybad/float32/y; tried: centred_statistic, double_rounding, "
+        "dweight_from_x, dweight_reduction, dweight_times_weight, eps_outside_sqrt, eps_value, "
+        "low_precision_accumulation, missing_projection, n_minus_1, offset_rounding, "
+        "offset_weight, projection_scale, separately_rounded_terms, sum_not_mean, "
+        "tail_statistic, truncation, wrong_axis")
+    assert unknown.evidence.cases == ["ybad/float32/y"]
+
+
+def test_a_backward_cause_that_breaks_a_passing_dx_is_not_named():
+    """The projection dropped on one dx case but kept on another that passed: missing_projection
+    explains the first alone, and is not named once the passing case contradicts it."""
+    rng = np.random.default_rng(2)
+    bad, good = _dx_case(rng, "gaussian", project=False), _dx_case(rng, "other")
+    assert not bad.passed and good.passed
+    assert [d.code for d in diagnosis.diagnose([bad])] == ["missing_projection"]
+    assert [d.code for d in diagnosis.diagnose([bad, good])] == ["no_known_cause"]
