@@ -776,3 +776,23 @@ def test_a_backward_cause_that_breaks_a_passing_dx_is_not_named():
     assert not bad.passed and good.passed
     assert [d.code for d in diagnosis.diagnose([bad])] == ["missing_projection"]
     assert [d.code for d in diagnosis.diagnose([bad, good])] == ["no_known_cause"]
+
+
+def test_tail_cases_with_no_block_in_common_name_no_block():
+    """{16} and {32}: no block size fits both, so the text says "a block" and no block is
+    reported as fitted."""
+    (tail,) = diagnosis._unexplained([_tail_case(24, 16), _tail_case(48, 32)], [])
+    assert tail.text.startswith("errors are confined to the columns of the last partial block "
+                                "(consistent with a block):")
+    assert tail.evidence.params == {}
+
+
+def test_no_known_cause_names_the_first_four_cases_then_an_ellipsis():
+    """The sentence lists four cases and "..."; the evidence keeps them all."""
+    rest = [_tail_case(40, 3, f"p{i}") for i in range(5)]
+    (unknown,) = diagnosis._unexplained(rest, [])
+    assert unknown.text == ("no known mistake explains p0/float32/y, p1/float32/y, p2/float32/y, "
+                            "p3/float32/y ...; tried: ")
+    assert unknown.evidence.cases == [f"p{i}/float32/y" for i in range(5)]
+    (four,) = diagnosis._unexplained(rest[:4], ["eps_value"])
+    assert four.text.endswith("p3/float32/y; tried: eps_value")
