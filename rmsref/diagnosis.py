@@ -508,11 +508,14 @@ def _rt(v: np.ndarray, dt: np.dtype) -> np.ndarray:
 
 
 def _trunc(v: np.ndarray, dt: np.dtype) -> np.ndarray:
-    """Round toward zero to ``dt``, as float64 values."""
+    """Round toward zero to ``dt``, as float64 values. Never away from zero: a finite value past
+    ``dt``'s largest number truncates to that number, where rounding to nearest gives inf."""
     r = _rt(v, dt)
     with np.errstate(invalid="ignore"):
         away = np.isfinite(v) & (np.abs(r) > np.abs(v))
-        return np.where(away, r - np.sign(v) * tol.ulp(v, dt), r)
+        nearer = np.where(np.isinf(r), np.sign(v) * float(np.finfo(dt).max),
+                          r - np.sign(v) * tol.ulp(v, dt))
+        return np.where(away, nearer, r)
 
 
 @dataclass

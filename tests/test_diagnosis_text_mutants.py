@@ -11,6 +11,7 @@ import pytest
 
 from rmsref import diagnosis
 from rmsref._shapes import bfloat16
+from rmsref.comparison import Reference
 
 from .test_diagnosis_mutants import observe
 
@@ -507,3 +508,400 @@ def test_cases_neither_pass_explains_are_all_reported():
     out = diagnosis.diagnose([y, dx])
     assert [d.code for d in out] == ["no_known_cause"]
     assert out[0].evidence.cases == ["fwd/float32/y", "bwd/float32/dx"]
+# ---- the evidence of one choice, locating the tail, the truncation rounding ---------------------
+# (the diag-text helper's tests: what the mutants of _diagnoses_of, Evidence.brief, _unexplained,
+# _tail_blocks and _trunc showed unpinned)
+
+
+@pytest.fixture(scope="module")
+def cases():
+    """Two cases that differ in everything _fields reads: a float32 case under torch (eps=None:
+    finfo(float32).eps, offset 0, normalized_shape (2, 8)) and a bfloat16 case under gemma
+    (eps=1e-5 passed, offset 1, normalized_shape (16,))."""
+    rng = np.random.default_rng(7)
+    x32 = rng.standard_normal((4, 2, 8)).astype(np.float32)
+    o32 = observe(np.zeros((4, 16)), x32, (2, 8), np.ones((2, 8), np.float32))
+    xb = rng.standard_normal((4, 16)).astype(bfloat16)
+    ob = observe(np.zeros((4, 16)), xb, 16, None, 1e-5, convention="gemma")
+    return o32, ob
+
+
+def _diagnosis(h, obs, match=None):
+    """The one diagnosis of ``h`` explaining ``obs`` with a quarter of the bound left."""
+    choice = diagnosis._Choice(h, list(obs), [diagnosis.Score(0.25, match)] * len(obs))
+    (d,) = diagnosis._diagnoses_of(choice)
+    return d
+
+
+# (hypothesis, on both cases?, the text, the fix); "both": the bfloat16/gemma case first.
+_TEXTS = [
+    (H(eps=1e-6), False,
+     "eps differs from the one asked for: the output is reproduced with eps = 1e-06 (HF's "
+     "rms_norm_eps default) where eps=None was passed; the reference used 1.19209e-07 "
+     "(finfo(float32).eps)",
+     "use the convention's default eps when eps=None is passed (1.19209e-07 "
+     "(finfo(float32).eps))"),
+    (H(eps=diagnosis._INPUT_EPS, eps_scope="all"), True,
+     "eps differs from the one asked for: the output is reproduced with eps = finfo(input "
+     "dtype).eps whatever eps was passed (the eps argument is ignored); the reference used "
+     "1.19209e-07 (finfo(float32).eps), 1e-05 (a common default)",
+     "pass the eps argument through to the computation"),
+    (H(centre_stat=True), False,
+     "the statistic is the variance (the mean is removed, numerator left as x) in place of the "
+     "mean of squares: this is LayerNorm's statistic, not RMSNorm's", None),
+    (H(centre_stat=True, centre_num=True), False,
+     "the statistic is the variance (the mean is removed from the numerator too) in place of "
+     "the mean of squares: this is LayerNorm's statistic, not RMSNorm's", None),
+    (H(stat_group="last"), False,
+     "the statistic is taken over the wrong axes (the last dim only, where normalized_shape "
+     "(2, 8) was asked)", "reduce over exactly the normalised (trailing) dims: all of (2, 8)"),
+    (H(stat_group="rows"), False,
+     "the statistic is taken over the wrong axes (the batch axis (over rows) instead of the "
+     "features)",
+     "reduce over exactly the normalised (trailing) dims: the trailing (feature) dims, one "
+     "statistic per row"),
+    (H(precision="native"), True,
+     "the statistic is computed in the input's 16-bit type (x², the mean, rstd and x·rstd each "
+     "rounded to the input dtype): its rounding errors reach the output", None),
+    (H(precision="native_div"), True,
+     "the statistic is computed in the input's 16-bit type (x², the mean, rstd and x·rstd each "
+     "rounded to the input dtype): its rounding errors reach the output", None),
+    (H(precision="sequential"), True,
+     "the statistic is computed in the input's 16-bit type (x² summed in a 16-bit "
+     "accumulator): its rounding errors reach the output", None),
+    (H(offset=1.0), False,
+     "the weight is used as 1 + w where w was expected (fitted offset 1)",
+     "validate against the 'gemma' convention if your weights are stored as scale − 1; else "
+     "multiply by w itself"),
+    (H(offset=-1.0), False,
+     "the weight is used as w − 1 where w was expected (fitted offset -1)",
+     "add the 1 to the weight (the convention stores w = scale − 1)"),
+    (H(offset=0.5), True,
+     "the weight is used as 1.5 + w where 1 + w was expected (fitted offset 0.5)",
+     "validate against the 'gemma' convention if your weights are stored as scale − 1; else "
+     "multiply by w itself"),
+    (H(offset=-1.0), True,
+     "the weight is used as 0 + w where 1 + w was expected (fitted offset -1)",
+     "add the 1 to the weight (the convention stores w = scale − 1)"),
+    (H(as_float32=True), False,
+     "float64 input is computed in float32: the errors are float32's (ratio 0.25 to a float32 "
+     "computation's bound)", None),
+    (H(projection="N"), False,
+     "the path through rstd is scaled by N (a sum where the mean belongs): "
+     "dx = rstd·(w·dy − N·x̂·c)", None),
+    (H(projection=0.37), False,
+     "the path through rstd is scaled by 0.37 (fitted): dx = rstd·(w·dy − 0.37·x̂·c)", None),
+    (H(projection=1 / 3), False,
+     "the path through rstd is scaled by 0.3333 (fitted): dx = rstd·(w·dy − 0.3333·x̂·c)", None),
+    (H(projection="N/(N-1)"), False,
+     "the path through rstd is scaled by N/(N-1) (N − 1 in the projection's mean): "
+     "dx = rstd·(w·dy − N/(N-1)·x̂·c)", None),
+    (H(projection="(N-1)/N"), False,
+     "the path through rstd is scaled by (N-1)/N (a stray factor (N − 1)/N): "
+     "dx = rstd·(w·dy − (N-1)/N·x̂·c)", None),
+    (H(projection="1/N"), False,
+     "the path through rstd is scaled by 1/N (divided by N twice): "
+     "dx = rstd·(w·dy − 1/N·x̂·c)", None),
+    (H(projection=2.0), False,
+     "the path through rstd is scaled by 2 (counted twice): dx = rstd·(w·dy − 2·x̂·c)", None),
+    (H(projection=0.5), False,
+     "the path through rstd is scaled by 0.5 (halved): dx = rstd·(w·dy − 0.5·x̂·c)", None),
+    (H(projection=-1.0), False,
+     "the path through rstd is scaled by -1 (added instead of subtracted): "
+     "dx = rstd·(w·dy − -1·x̂·c)", None),
+    (H(dweight="prefix:3"), False,
+     "dweight is not reduced over all rows (only the first 3 rows)", None),
+    (H(dweight="suffix:2"), False,
+     "dweight is not reduced over all rows (only the last 2 rows)", None),
+    (H(dweight="features"), False,
+     "dweight is not reduced over all rows (summed over the features instead of the rows (it "
+     "has the right shape only because rows = N))", None),
+    (H(stat_block=32), False,
+     "the sum of squares skips the columns of the last partial block (a block of 32 columns)",
+     None),
+    (H(offset_rounded=True), True,
+     "the offset 1 + w is rounded to the weight dtype before it multiplies: R_w(1 + w) (80.0% "
+     "of elements reproduced bit for bit that way)",
+     "add the 1 in float32: (1 + w.float()), or validate against 'gemma_wdtype'"),
+    (H(rounding="trunc"), True,
+     "the output is rounded toward zero instead of to nearest-even (80.0% of elements "
+     "reproduced bit for bit by truncation)",
+     "round float32 -> bfloat16/float32 to nearest-even (a plain cast), not by dropping bits"),
+    (H(rounding="double"), False,
+     "an intermediate is rounded to the input dtype where one rounding was expected: x̂ = x·rstd "
+     "is rounded before the weight multiplies it (most of elements reproduced bit for bit by "
+     "that order)", None),
+    (H(separate_terms=True), True,
+     "dx's two terms are rounded to bfloat16/float32 before they are subtracted: where they "
+     "cancel, their rounding errors are the result", None),
+]
+
+
+def test_the_evidence_of_a_cause_is_its_cases_worst_ratios_bits_and_fit(cases):
+    """_diagnoses_of: the cases it explains (labels, in order), the worst ratio before (over
+    the cases) and after (over the scores), the mean bit match, the fitted values; and the
+    codes recorded on each case."""
+    o32, ob = cases
+    o32.codes, ob.codes = [], []
+    choice = diagnosis._Choice(H(eps=1e-6, divisor="N-1"), [ob, o32],
+                               [diagnosis.Score(0.25, 0.7), diagnosis.Score(0.5, 0.9)])
+    d1, d2 = diagnosis._diagnoses_of(choice)
+    assert [d1.code, d2.code] == ["eps_value", "n_minus_1"]
+    for d in (d1, d2):
+        ev = d.evidence
+        assert ev.cases == ["gaussian/bfloat16/y", "gaussian/float32/y"]
+        assert ev.ratio_before == max(o32.ratio, ob.ratio) and ev.ratio_before > 1
+        assert ev.ratio_after == 0.5
+        assert ev.match_rate == pytest.approx(0.8)
+        assert ev.params == {"eps": 1e-6}
+    # each diagnosis owns its evidence: merging one's cases leaves the other's alone
+    assert d1.evidence is not d2.evidence and d1.evidence.cases is not d2.evidence.cases
+    assert d1.evidence.params is not d2.evidence.params
+    assert o32.codes == ob.codes == ["eps_value", "n_minus_1"]
+    o32.codes = ob.codes = None
+    # no bits counted on any case: no match rate (not 0, not nan)
+    d = _diagnosis(H(divisor="N-1"), [o32])
+    assert d.evidence.match_rate is None and "bit-exact" not in d.line()
+
+
+def test_named_eps_values_read_with_their_names_only_where_a_name_is_wanted():
+    """Evidence.brief names an eps (0 is "eps ignored") and writes every other fitted number
+    plainly: a projection scale of 0 is "0", not "0 (eps ignored)"."""
+    ev = diagnosis.Evidence(cases=["a/float32/dx"], ratio_before=3.0,
+                            params={"eps": 0.0, "projection_scale": 0.0, "offset": 1e-6})
+    assert ev.brief() == ("ratio 3; eps=0 (eps ignored); projection_scale=0; offset=1e-06; "
+                          "in a/float32/dx")
+
+
+def _tail_case(n, lo, probe="tails", rows=3, seed=0):
+    """A float32 case whose y is exact except columns lo.. of every row (off by 1 %)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, n)).astype(np.float32)
+    y = Reference(x, (n,), None, 2.0**-23).exact("y")
+    y[:, lo:] *= 1.01
+    return observe(y.astype(np.float32), x, n, probe=probe)
+
+
+def test_tail_blocks_are_the_block_sizes_whose_last_partial_block_holds_every_error():
+    """With N = 40 and errors from column 32 on, blocks of 16 and 32 leave 32.. as the partial
+    block; 8 divides 40 (no partial block) and 64 exceeds N (no full block)."""
+    assert diagnosis._tail_blocks(_tail_case(40, 32)) == {16, 32}
+    assert diagnosis._tail_blocks(_tail_case(40, 31)) == set()      # column 31 is in a full one
+    assert diagnosis._tail_blocks(_tail_case(24, 16)) == {16}
+    assert diagnosis._tail_blocks(_tail_case(48, 32)) == {32}
+
+
+def test_an_error_just_past_its_bound_locates_the_tail_and_one_on_it_does_not():
+    """A tail error of 1.5 bounds counts (a small error, not only a gross one); an element
+    exactly on its bound is inside it, as everywhere else in rmsref, so it does not pull the
+    first bad column out of the tail. float32 has a (tiny) bound even where y is 0."""
+    x = np.ones((3, 40), np.float32)
+    x[1] = 0.0
+    o = observe(np.zeros((3, 40)), x, 40)
+    pred = diagnosis.predict(diagnosis.CORRECT, o)
+    got = pred.exact.copy()
+    got[:, 32:] += 1.5 * pred.bound[:, 32:]
+    got[1, 0] = pred.bound[1, 0]                    # exact is 0 there: the error is the bound
+    assert pred.exact[1, 0] == 0.0 and pred.bound[1, 0] > 0.0
+    assert diagnosis._tail_blocks(observe(got, x, 40)) == {16, 32}
+
+
+def test_an_error_of_exactly_one_is_located_like_any_other():
+    """err == 1 is not "no error": with y = 1 exactly (rows of ones, eps = 0, float64) an
+    output of 2 in the tail places the tail."""
+    x = np.ones((2, 40))
+    got = np.ones((2, 40))
+    got[:, 32:] = 2.0
+    assert diagnosis._tail_blocks(observe(got, x, 40, eps=0.0)) == {16, 32}
+
+
+def test_locating_the_tail_among_zero_bounds_warns_of_nothing():
+    """float64 y that is exactly 0 has a bound of 0: an exact 0 there (0/0) and an error there
+    (x/0, in the tail) are judged without NumPy warnings reaching the user."""
+    import warnings
+
+    x = np.ones((3, 40))
+    x[1] = 0.0
+    o = observe(np.zeros((3, 40)), x, 40, eps=1e-6)
+    pred = diagnosis.predict(diagnosis.CORRECT, o)
+    assert (pred.bound[1] == 0.0).all()
+    got = pred.exact.copy()
+    got[1, 32:] = 1e-300
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        assert diagnosis._tail_blocks(observe(got, x, 40, eps=1e-6)) == {16, 32}
+
+
+def test_errors_in_the_tail_read_as_a_tail_bug_with_the_block_every_case_shares():
+    """Two tail cases share only B = 16 ({16} and {16, 32}): the text names 16, whichever case
+    comes first; a case with errors elsewhere is no_known_cause, listing what was tried. Each
+    case records the code it is reported under."""
+    a, b, other = _tail_case(24, 16), _tail_case(40, 32, seed=1), _tail_case(40, 3, "gaussian")
+    a.codes, b.codes, other.codes = [], [], []
+    for order in ([a, b, other], [b, a, other]):
+        tail, unknown = diagnosis._unexplained(order, ["eps_value", "n_minus_1"])
+        assert tail.code == "tail"
+        assert tail.text == ("errors are confined to the columns of the last partial block "
+                             "(consistent with a block of 16 columns): a block/tail-handling "
+                             "bug, e.g. masking or indexing of the last partial block")
+        assert tail.evidence.params == {"block": 16}
+        assert tail.evidence.cases == [o.label for o in order if o is not other]
+        assert tail.evidence.ratio_before == max(a.ratio, b.ratio)
+        assert unknown.code == "no_known_cause"
+        assert unknown.text == ("no known mistake explains gaussian/float32/y; tried: "
+                                "eps_value, n_minus_1")
+        assert unknown.evidence.cases == ["gaussian/float32/y"]
+        assert unknown.evidence.params == {"tried": 2}
+        assert unknown.evidence.ratio_before == other.ratio
+        assert a.codes == b.codes == ["tail"] and other.codes == ["no_known_cause"]
+
+
+def test_dweight_and_exact_cases_have_no_tail():
+    """dweight has no columns of a row to locate; an output with no element out of bound has
+    nowhere to place a block."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 40)).astype(np.float32)
+    dy = rng.standard_normal((3, 40)).astype(np.float32)
+    w = np.ones(40, np.float32)
+    dw = Reference(x, (40,), w, 2.0**-23, dy=dy).exact("dweight")
+    dw[:, 32:] *= 1.01
+    assert diagnosis._tail_blocks(observe(dw, x, 40, w, quantity="dweight", dy=dy)) == set()
+    assert diagnosis._tail_blocks(_tail_case(40, 40)) == set()
+
+
+@pytest.mark.parametrize("dt", [np.dtype(bfloat16), np.dtype(np.float16), np.dtype(np.float32)])
+def test_truncation_rounds_toward_zero_and_never_overflows(dt):
+    """_trunc, the rounding the ``truncation`` cause predicts with: a value of ``dt`` stays, any
+    other goes to its neighbour nearer zero, on both signs; inf and nan stay; and a finite value
+    past ``dt``'s largest number is that number (dropping bits never reaches inf), where
+    rounding to nearest overflows."""
+    big = float(np.finfo(dt).max)
+    one_ulp = float(np.finfo(dt).eps)                         # the spacing of [1, 2)
+    v = np.array([1.0, 1 + 0.75 * one_ulp, 1 + 0.25 * one_ulp, 2 - 0.25 * one_ulp, 0.0,
+                  1.5 * big, big * (1 + 0.75 * one_ulp), np.inf, np.nan])
+    want = np.array([1.0, 1.0, 1.0, 2 - one_ulp, 0.0, big, big, np.inf, np.nan])
+    np.testing.assert_array_equal(diagnosis._trunc(v, dt), want)
+    np.testing.assert_array_equal(diagnosis._trunc(-v, dt), -want)
+    assert np.isinf(diagnosis._rt(np.array([1.5 * big]), dt)).all()  # nearest: overflows
+    # outside [1, 2) the step back is that binade's own spacing (2 ulps of 1 at 3, 1/4 at 0.375)
+    v = np.array([3 + 1.5 * one_ulp, 0.375 + 0.1875 * one_ulp, 768 * (1 + 0.5 * one_ulp)])
+    np.testing.assert_array_equal(diagnosis._trunc(v, dt), [3.0, 0.375, 768.0])
+
+
+def test_a_native_statistic_with_a_division_reads_like_the_native_one(cases):
+    """precision "native_div" (rstd by a 16-bit division) is the same mistake in the user's
+    terms: the same sentence as "native", every field filled."""
+    o32, ob = cases
+    native = _diagnosis(H(precision="native"), [ob])
+    div = _diagnosis(H(precision="native_div"), [ob])
+    assert div.text == native.text == (
+        "the statistic is computed in the input's 16-bit type (x², the mean, rstd and x·rstd "
+        "each rounded to the input dtype): its rounding errors reach the output")
+    assert div.fix == native.fix
+
+
+def test_a_fitted_projection_scale_reads_with_four_significant_digits(cases):
+    """A fitted (unnamed) scale is written to 4 digits in the text, 0.3333, not 0.333333."""
+    o32, _ = cases
+    d = _diagnosis(H(projection=1 / 3), [o32])
+    assert d.text == ("the path through rstd is scaled by 0.3333 (fitted): "
+                      "dx = rstd·(w·dy − 0.3333·x̂·c)")
+
+
+# ---- diagnose: which forward causes it may name ------------------------------------------------
+
+
+def _fwd32(x, eps, div=0):
+    """A float32 forward with eps ``eps`` and the mean of squares divided by N − ``div``."""
+    ms = np.sum(x * x, axis=-1, keepdims=True, dtype=np.float32) / np.float32(x.shape[-1] - div)
+    return (x / np.sqrt(ms + np.float32(eps))).astype(np.float32)
+
+
+def test_two_forward_causes_that_no_single_one_explains_are_named_together():
+    """eps = 1e-6 (for eps=None) and N − 1 at once: N − 1 alone explains the unit-scale case,
+    nothing single explains the small one (where the eps shows); the pair explains both, so
+    both codes are reported over both cases, with nothing left unexplained."""
+    rng = np.random.default_rng(1)
+    obs = []
+    for scale, probe in ((1e-3, "small"), (1.0, "gaussian")):
+        x = (scale * rng.standard_normal((6, 64))).astype(np.float32)
+        obs.append(observe(_fwd32(x, 1e-6, div=1), x, 64, probe=probe))
+    ds = diagnosis.diagnose(obs)
+    assert [d.code for d in ds] == ["eps_value", "n_minus_1"]
+    for d in ds:
+        assert d.evidence.cases == ["small/float32/y", "gaussian/float32/y"]
+        assert d.evidence.params == {"eps": 1e-6}
+
+
+def test_a_forward_cause_that_breaks_a_passing_output_is_not_named():
+    """eps = 1e-6 explains a failing case, but the kernel got another case of the same kind
+    (eps=None, float32, small values) right, which that eps would break: no eps_value."""
+    rng = np.random.default_rng(1)
+    xa, xb = (1e-3 * rng.standard_normal((2, 6, 64))).astype(np.float32)
+    bad = observe(_fwd32(xa, 1e-6), xa, 64, probe="small")
+    good = observe(_fwd32(xb, 2.0**-23), xb, 64, probe="small2")
+    assert not bad.passed and good.passed
+    assert [d.code for d in diagnosis.diagnose([bad])] == ["eps_value"]
+    assert "eps_value" not in [d.code for d in diagnosis.diagnose([bad, good])]
+
+
+def _dx_case(rng, probe, project=True):
+    """A float32 dx computed in float64 from the derivation, without the path through rstd
+    (the projection) unless ``project``; x, w, dy drawn from ``rng``."""
+    x = rng.standard_normal((6, 64)).astype(np.float32)
+    w = (1 + 0.25 * rng.standard_normal(64)).astype(np.float32)
+    dy = rng.standard_normal((6, 64)).astype(np.float32)
+    x64, w64, dy64 = (a.astype(np.float64) for a in (x, w, dy))
+    rstd = 1 / np.sqrt(np.mean(x64 * x64, -1, keepdims=True) + 2.0**-23)   # (M, 1)
+    xhat = x64 * rstd                                                       # (M, N)
+    g = dy64 * w64                                                          # (M, N) w·dy
+    c = np.mean(g * xhat, -1, keepdims=True) if project else 0.0            # (M, 1)
+    dx = (rstd * (g - xhat * c)).astype(np.float32)
+    return observe(dx, x, 64, w, quantity="dx", dy=dy, probe=probe)
+
+
+def test_a_forward_case_nothing_explains_is_reported_once_beside_the_backward_cause():
+    """A y case no mistake explains and a dx case missing its projection: the backward cause is
+    named, and the y case is still reported, once, as no_known_cause with every code tried on
+    the forward and the backward, alphabetically."""
+    rng = np.random.default_rng(2)
+    y, dx = _tail_case(40, 3, "ybad"), _dx_case(rng, "gaussian", project=False)
+    first, unknown = diagnosis.diagnose([y, dx])
+    assert first.code == "missing_projection" and first.evidence.cases == ["gaussian/float32/dx"]
+    assert unknown.text == (
+        "no known mistake explains ybad/float32/y; tried: centred_statistic, double_rounding, "
+        "dweight_from_x, dweight_reduction, dweight_times_weight, eps_outside_sqrt, eps_value, "
+        "low_precision_accumulation, missing_projection, n_minus_1, offset_rounding, "
+        "offset_weight, projection_scale, separately_rounded_terms, sum_not_mean, "
+        "tail_statistic, truncation, wrong_axis")
+    assert unknown.evidence.cases == ["ybad/float32/y"]
+
+
+def test_a_backward_cause_that_breaks_a_passing_dx_is_not_named():
+    """The projection dropped on one dx case but kept on another that passed: missing_projection
+    explains the first alone, and is not named once the passing case contradicts it."""
+    rng = np.random.default_rng(2)
+    bad, good = _dx_case(rng, "gaussian", project=False), _dx_case(rng, "other")
+    assert not bad.passed and good.passed
+    assert [d.code for d in diagnosis.diagnose([bad])] == ["missing_projection"]
+    assert [d.code for d in diagnosis.diagnose([bad, good])] == ["no_known_cause"]
+
+
+def test_tail_cases_with_no_block_in_common_name_no_block():
+    """{16} and {32}: no block size fits both, so the text says "a block" and no block is
+    reported as fitted."""
+    (tail,) = diagnosis._unexplained([_tail_case(24, 16), _tail_case(48, 32)], [])
+    assert tail.text.startswith("errors are confined to the columns of the last partial block "
+                                "(consistent with a block):")
+    assert tail.evidence.params == {}
+
+
+def test_no_known_cause_names_the_first_four_cases_then_an_ellipsis():
+    """The sentence lists four cases and "..."; the evidence keeps them all."""
+    rest = [_tail_case(40, 3, f"p{i}") for i in range(5)]
+    (unknown,) = diagnosis._unexplained(rest, [])
+    assert unknown.text == ("no known mistake explains p0/float32/y, p1/float32/y, p2/float32/y, "
+                            "p3/float32/y ...; tried: ")
+    assert unknown.evidence.cases == [f"p{i}/float32/y" for i in range(5)]
+    (four,) = diagnosis._unexplained(rest[:4], ["eps_value"])
+    assert four.text.endswith("p3/float32/y; tried: eps_value")
