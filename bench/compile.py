@@ -14,8 +14,9 @@ compile (or cache load).
 
 Kernels, as ``rmsref.backend("numba_cpu")`` runs them by default:
     fwd           rms_norm_forward                      (forward v4)
-    bwd+rstd      rms_norm_backward with a saved rstd   (backward v5's own kernel)
-    bwd           rms_norm_backward without one         (backward v4, rstd recomputed)
+    bwd+rstd      rms_norm_backward with a saved rstd   (backward v6: the pipelined kernel)
+    bwd           rms_norm_backward without one         (backward v6: rstd by ``_rms_rstd``,
+                                                         then the pipelined kernel)
 The saved rstd for "bwd+rstd" comes from the NumPy oracle, so the forward is not compiled there.
 
 ``--profile DTYPE`` runs each cold first call once more with Numba's compile events recorded

@@ -227,10 +227,13 @@ def test_multidim_shape_and_views_without_copies(rng):
         y, _ = K.rms_norm_forward(xv, 65, wn)
         y_c, _ = K.rms_norm_forward(np.ascontiguousarray(xv), 65, wn)
         assert np.array_equal(y, y_c), name
-        g = K.rms_norm_backward(dyv, xv, 65, wn)
+        g = K.rms_norm_backward(dyv, xv, 65, wn)  # rstd first, then the pipelined kernel
         g_c = K.rms_norm_backward(np.ascontiguousarray(dyv), np.ascontiguousarray(xv), 65, wn)
         assert np.array_equal(g.dx, g_c.dx) and np.array_equal(g.dweight, g_c.dweight), name
-        # with a saved rstd: the pipelined kernel (v5) walking the same strides
+        g = K.rms_norm_backward(dyv, xv, 65)  # no weight: v3's row loops on the same strides
+        g_c = K.rms_norm_backward(np.ascontiguousarray(dyv), np.ascontiguousarray(xv), 65)
+        assert np.array_equal(g.dx, g_c.dx), name
+        # with a saved rstd: the pipelined kernel walking the same strides
         _, rstd_v = K.rms_norm_forward(xv, 65, wn)
         g = K.rms_norm_backward(dyv, xv, 65, wn, rstd=rstd_v)
         g_c = K.rms_norm_backward(np.ascontiguousarray(dyv), np.ascontiguousarray(xv), 65, wn,
@@ -249,7 +252,7 @@ def test_half_strided_and_empty(rng):
     assert y.shape == (0, 3, 8) and rstd.shape == (0, 3, 1)
     g = K.rms_norm_backward(e, e, 8, np.ones(8, np.float32))
     assert g.dx.shape == e.shape and np.array_equal(g.dweight, np.zeros(8, np.float32))
-    g = K.rms_norm_backward(e, e, 8, np.ones(8, np.float32), rstd=rstd)  # v5's own kernel
+    g = K.rms_norm_backward(e, e, 8, np.ones(8, np.float32), rstd=rstd)  # the pipelined kernel
     assert g.dx.shape == e.shape and np.array_equal(g.dweight, np.zeros(8, np.float32))
 
 
@@ -267,7 +270,7 @@ def test_batch_invariance(rng):
         assert np.array_equal(ys, y[rows]) and np.array_equal(rs, rstd[rows]), rows
         gs = K.rms_norm_backward(dy[rows], x[rows], n, w)
         assert np.array_equal(gs.dx, g.dx[rows]), rows
-    g_saved = K.rms_norm_backward(dy, x, n, w, rstd=rstd)  # the pipelined kernel (v5)
+    g_saved = K.rms_norm_backward(dy, x, n, w, rstd=rstd)  # the pipelined kernel
     for rows in (slice(0, 1), slice(63, 64), slice(7, 200), slice(299, 300)):
         gs = K.rms_norm_backward(dy[rows], x[rows], n, w, rstd=rstd[rows])
         assert np.array_equal(gs.dx, g_saved.dx[rows]), rows

@@ -1,7 +1,7 @@
 r"""The Numba CPU RMSNorm kernels as they were written on the way to the library's defaults.
 
-``rmsref.kernels.numba_cpu`` ships only what it runs: forward v4 and backward v5 (with the v3
-loops v5 falls back to). The versions before them live here, with the library's public
+``rmsref.kernels.numba_cpu`` ships only what it runs: forward v4 and backward v6 (with the v3
+loops v6 falls back to). The versions before them live here, with the library's public
 signatures, so that ``bench/cpu.py`` can time each one and ``tests/test_variants.py`` can check
 each one against the oracle (and the pipelined ones against v3, bit for bit). They use the
 library's row helpers (its private names) so that the shared steps are the same code.
@@ -42,7 +42,11 @@ RMSNorm backward (dx, dweight, dbias; rows grouped into parts of ``ROWS_PER_PART
         branches for the other calls, every row of a part through the pipelined loop) and the
         rest run v3, which is what v4 runs for them (it pipelines the common call only) and
         compiles in about half v4's time. Same operations, so v4's bits; LLVM schedules the
-        smaller loop with fewer spills. (the library's default)
+        smaller loop with fewer spills.
+    v6  as v5, and a call without a saved rstd takes the pipelined kernel too: its rows' rstd
+        are first computed with the forward's code (``_rms_rstd``, the values v3 recomputes),
+        one more read of x. Its first call then compiles neither v3 nor v3's recomputation.
+        (the library's default)
 """
 
 from __future__ import annotations
@@ -62,15 +66,17 @@ from rmsref.kernels.numba_cpu import (
     _coef,
     _dot_v1,
     _dot_v3,
+    _rms_bwd_pipelined,
     _rms_bwd_row,
     _rms_bwd_v3,
-    _rms_bwd_v5,
+    _rms_bwd_v6,
     _rms_fwd_v4,
     _rms_norm_backward,
     _rms_norm_forward,
     _rms_write,
     _rstd_from_sumsq,
     _rstd_saved,
+    _saved_rstd_in_range,
     _sumsq_v3,
     _zero_part,
 )
@@ -182,7 +188,7 @@ def _rms_fwd_v3(x3, w, bias, has_bias, kf, eps, y3, rstd_out, t0, t1):
 
 
 # ============================================================================================
-# Backward v1, v2, v4 (v3 and v5 are the library's ``_rms_bwd_v3``/``_rms_bwd_v5``).
+# Backward v1, v2, v4, v5 (v3 and v6 are the library's ``_rms_bwd_v3``/``_rms_bwd_v6``).
 # ============================================================================================
 @njit(**_PAR)
 def _rms_bwd_v1(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, dw_parts,
@@ -259,7 +265,19 @@ def _rms_bwd_v4(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, d
 
 
 _RMS_FWD = {1: _rms_fwd_v1, 2: _rms_fwd_v2, 3: _rms_fwd_v3, 4: _rms_fwd_v4}
-_RMS_BWD = {1: _rms_bwd_v1, 2: _rms_bwd_v2, 3: _rms_bwd_v3, 4: _rms_bwd_v4, 5: _rms_bwd_v5}
+def _rms_bwd_v5(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, dw_parts,
+                db_parts, t0, t1):
+    """v5: the common call with a saved rstd runs ``_rms_bwd_pipelined``, every other call v3."""
+    if (has_rstd and kf == x3.shape[2] and want_dw and not want_db
+            and _saved_rstd_in_range(rstd_in)):
+        _rms_bwd_pipelined(dy3, x3, w, rstd_in, dx3, dw_parts, t0, t1)
+    else:
+        _rms_bwd_v3(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, dw_parts,
+                    db_parts, t0, t1)
+
+
+_RMS_BWD = {1: _rms_bwd_v1, 2: _rms_bwd_v2, 3: _rms_bwd_v3, 4: _rms_bwd_v4, 5: _rms_bwd_v5,
+            6: _rms_bwd_v6}
 
 #: Variant numbers per function; the highest is the library's default.
 VARIANTS: dict[str, tuple[int, ...]] = {

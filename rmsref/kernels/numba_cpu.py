@@ -20,11 +20,11 @@ RMSNorm forward
                      row r's y while summing row r + 1's squares (the same lanes in the same
                      order, so the same bits as summing that row alone).
 RMSNorm backward
-    ``_rms_bwd_v5``  rows in fixed parts of ``ROWS_PER_PART``, Σ dxhat·x in the same 64 lanes.
-                     The common call (a saved rstd, no ``partial``, a weight, no bias) runs a
-                     kernel of its own that writes row r's dx and dweight terms while summing row
-                     r + 1's Σ dxhat·x; every other call runs ``_rms_bwd_v3`` (the same lanes, a
-                     row at a time).
+    ``_rms_bwd_v6``  rows in fixed parts of ``ROWS_PER_PART``, Σ dxhat·x in the same 64 lanes.
+                     The common call (no ``partial``, a weight, no bias) runs a kernel of its
+                     own that writes row r's dx and dweight terms while summing row r + 1's
+                     Σ dxhat·x, after computing rstd (``_rms_rstd``) when none was saved; every
+                     other call runs ``_rms_bwd_v3`` (the same lanes, a row at a time).
 Fused residual add + RMSNorm and LayerNorm, written the same way
     ``_add_fwd_rows`` h = x + residual; Σh² in the 64 lanes, storing new_residual on the way;
                       blocks pipelined as RMSNorm's (y of row r while Σh² of row r + 1).
@@ -44,7 +44,7 @@ row has the same bits whichever loop summed it (the tests check this against the
 kernels and across batch splits).
 
 The version numbers in the names are those of the kernel history: the variants that led to the
-RMSNorm kernels (forward v1-v4, backward v1-v5, each saying what changed) live in
+RMSNorm kernels (forward v1-v4, backward v1-v6, each saying what changed) live in
 ``bench/variants/numba_cpu_history.py``, which ``bench/cpu.py`` times and ``tests/test_variants.py``
 checks against the oracle.
 
@@ -419,7 +419,7 @@ def _rms_write(x3, b, i, w, ww, bias, has_bias, y3, rstd_s, k):
             y3[b, i, j] = from_work(yj, y3)
             outside |= outside_work(yj, y3) | lost_in_work(xj, xhat, y3)
         if outside:  # a rare row: written again in float64, rounded by from_f64
-            _rms_write_general(x3, b, i, w, bias, False, y3, rstd_s, 0)
+            _rms_write_general(x3, b, i, w, bias, has_bias, y3, rstd_s, k)  # (False, 0)
     else:
         _rms_write_general(x3, b, i, w, bias, has_bias, y3, rstd_s, k)
 
@@ -506,8 +506,9 @@ def _rms_fwd_v4(x3, w, bias, has_bias, kf, eps, y3, rstd_out, t0, t1):
                 rstd_w = as_work(rstd_s, x3, y3)
                 ss_next, outside = _write_and_sumsq(x3, b, i, ww, y3, rstd_w, (r + 1) // nr,
                                                     (r + 1) % nr)
-                if outside:  # a rare row: written again in float64 (w: an unread bias)
-                    _rms_write_general(x3, b, i, w, w, False, y3, rstd_s, 0)
+                if outside:  # a rare row: written again in float64 (has_bias is False here,
+                    # k is 0; passed as variables, so this call shares _rms_write's compilation)
+                    _rms_write_general(x3, b, i, w, bias, has_bias, y3, rstd_s, k)
             else:
                 _rms_write(x3, b, i, w, ww, bias, has_bias, y3, rstd_s, k)  # (3)-(4)
 
@@ -669,18 +670,42 @@ def _rms_bwd_pipelined(dy3, x3, w, rstd_in, dx3, dw_parts, t0, t1):
                                  rn // nr, rn % nr)
 
 
-def _rms_bwd_v5(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, dw_parts,
+@njit(**_PAR)
+def _rms_rstd(x3, kf, eps, rstd_out, r0, r1):
+    """rstd of rows [r0, r1) by the forward's code, eqs. (1)-(2): the float64 values that
+    ``_rms_fwd_v4`` saves for float32/float64 inputs and ``_rms_bwd_v3`` recomputes, bit for
+    bit."""
+    _wide_vectors_for(x3)
+    nr = x3.shape[1]
+    for r in range(r0, r1):
+        b, i = r // nr, r % nr
+        rstd_s, k = _rstd_from_sumsq(_sumsq_v3(x3, b, i, kf), x3, b, i, kf, eps)  # (1)-(2)
+        rstd_out[r] = math.ldexp(rstd_s, -k)
+
+
+def _rms_bwd_v6(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, dw_parts,
                 db_parts, t0, t1):
-    """v5: the common call runs ``_rms_bwd_pipelined`` (when every saved rstd is in the range
-    its unscaled sums allow), every other call v3 (a Python-level choice: one kernel holding both
-    paths is what v4 is). For those other calls v4 never pipelines, so it runs v3's operations,
-    and v3 compiles faster (bench/compile.py measures each kernel's first call)."""
-    if (has_rstd and kf == x3.shape[2] and want_dw and not want_db
-            and _saved_rstd_in_range(rstd_in)):
-        _rms_bwd_pipelined(dy3, x3, w, rstd_in, dx3, dw_parts, t0, t1)
-    else:
-        _rms_bwd_v3(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, dw_parts,
-                    db_parts, t0, t1)
+    """v6: the common call (K = N, a weight, no bias) runs ``_rms_bwd_pipelined`` when every
+    rstd it needs is in the range its unscaled sums allow; every other call runs v3 (a
+    Python-level choice: one kernel holding both paths is what v4 is, and v3 compiles faster).
+    Without a saved rstd, this thread's rows get theirs from ``_rms_rstd`` first (the values v3
+    would recompute, so v3's bits): one more read of x, in exchange for the pipelined loop,
+    and a first call that compiles neither v3 nor its recomputation of rstd (bench/compile.py).
+    v5 did this for a saved rstd only."""
+    if kf == x3.shape[2] and want_dw and not want_db:
+        if has_rstd and _saved_rstd_in_range(rstd_in):
+            _rms_bwd_pipelined(dy3, x3, w, rstd_in, dx3, dw_parts, t0, t1)
+            return
+        if not has_rstd:
+            m = x3.shape[0] * x3.shape[1]
+            r0, r1 = min(m, t0 * ROWS_PER_PART), min(m, t1 * ROWS_PER_PART)
+            rstd = np.empty(m)  # only rows [r0, r1) are written and read
+            _rms_rstd(x3, kf, eps, rstd, r0, r1)
+            if _saved_rstd_in_range(rstd[r0:r1]):
+                _rms_bwd_pipelined(dy3, x3, w, rstd, dx3, dw_parts, t0, t1)
+                return
+    _rms_bwd_v3(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, dw_parts,
+                db_parts, t0, t1)
 
 
 @njit(**_SER)
@@ -1048,7 +1073,7 @@ def _add_rms_bwd_pipelined(dy3, dro3, has_dro, x3, r3, like, w, rstd_in, dx3, dr
 def _add_rms_bwd_any(dy3, dro3, has_dro, x3, r3, like, w, eps, has_rstd, rstd_in, dx3, dr3,
                      dw_parts, t0, t1):
     """A saved rstd in the range of unscaled sums runs the pipelined kernel, every other call
-    the general one (as ``_rms_bwd_v5``)."""
+    the general one (as ``_rms_bwd_v6``)."""
     if has_rstd and _saved_rstd_in_range(rstd_in):
         _add_rms_bwd_pipelined(dy3, dro3, has_dro, x3, r3, like, w, rstd_in, dx3, dr3, dw_parts,
                                t0, t1)
@@ -1309,7 +1334,7 @@ def _ln_bwd_pipelined(dy3, x3, w, mean_in, rstd_in, dx3, want_db, dw_parts, db_p
 def _ln_bwd_any(dy3, x3, w, eps, has_stats, mean_in, rstd_in, dx3, want_dw, want_db, dw_parts,
                 db_parts, t0, t1):
     """The common call (saved statistics, a weight) runs ``_ln_bwd_pipelined``, every other
-    call ``_ln_bwd`` (a Python-level choice, as ``_rms_bwd_v5``: each kernel compiles alone)."""
+    call ``_ln_bwd`` (a Python-level choice, as ``_rms_bwd_v6``: each kernel compiles alone)."""
     if has_stats and want_dw:
         _ln_bwd_pipelined(dy3, x3, w, mean_in, rstd_in, dx3, want_db, dw_parts, db_parts, t0, t1)
     else:
@@ -1655,7 +1680,7 @@ def rms_norm_backward(
         order.
     """
     return _rms_norm_backward(
-        _rms_bwd_v5, dy, x, normalized_shape, weight, eps, rstd=rstd, bias=bias,
+        _rms_bwd_v6, dy, x, normalized_shape, weight, eps, rstd=rstd, bias=bias,
         offset=offset, partial=partial, out=out,
     )
 
