@@ -19,7 +19,9 @@ this script takes the memory out (two rows of x and dy, a weight row and an outp
   ``_add_dh_and_dot``; h = x + r in float64, no dresidual_out): two inputs and two outputs
   per element where RMSNorm has one of each.
 
-Times are the minimum over interleaved rounds (the machine may be shared), in ns per element.
+Each helper is compiled as the kernels compile it (``_wide_vectors_for``: 512-bit vectors for
+half rows). Times are the minimum over interleaved rounds (the machine may be shared), in ns
+per element.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ def _kernels():
 
     @njit(**opts)
     def sumsq(x3, reps):
+        K._wide_vectors_for(x3)  # as the kernels: 512-bit vectors for half rows
         t = 0.0
         for _ in range(reps):
             t += K._sumsq_v3(x3, 0, 1, x3.shape[2])
@@ -49,6 +52,7 @@ def _kernels():
 
     @njit(**opts)
     def encode_exact(x3, w, y3, reps):
+        K._wide_vectors_for(x3)  # as the kernels: 512-bit vectors for half rows
         for rep in range(reps):
             rstd = 1.0 + rep * 1e-9
             for j in range(x3.shape[2]):
@@ -56,6 +60,7 @@ def _kernels():
 
     @njit(**opts)
     def fwd_row(x3, w, y3, reps):
+        K._wide_vectors_for(x3)  # as the kernels: 512-bit vectors for half rows
         t = 0.0
         ww = work_row(w, x3, y3)
         for rep in range(reps):
@@ -65,12 +70,14 @@ def _kernels():
 
     @njit(**opts)
     def write_row(x3, w, y3, reps):
+        K._wide_vectors_for(x3)  # as the kernels: 512-bit vectors for half rows
         ww = work_row(w, x3, y3)
         for rep in range(reps):
             K._rms_write(x3, 0, 0, w, ww, w, False, y3, 1.0 + rep * 1e-9, 0)
 
     @njit(**opts)
     def bwd_row(g3, x3, w, dx3, parts, reps):
+        K._wide_vectors_for(g3)  # as the kernels: 512-bit vectors for half rows
         t = 0.0
         for rep in range(reps):
             t += K._bwd_row_and_dot(g3, x3, 0, 0, w, 1.0 + rep * 1e-9, 0.01, dx3, parts, 0, 0, 1)
@@ -78,6 +85,7 @@ def _kernels():
 
     @njit(**opts)
     def add_fwd_row(x3, r3, w, y3, res3, reps):
+        K._wide_vectors_for(x3)  # as the kernels: 512-bit vectors for half rows
         t = 0.0
         for rep in range(reps):
             t += K._add_write_and_sumsq(x3, r3, None, 0, 0, w, y3, 1.0 + rep * 1e-9, res3,
@@ -86,6 +94,7 @@ def _kernels():
 
     @njit(**opts)
     def add_bwd_row(g3, x3, r3, w, dx3, dr3, parts, reps):
+        K._wide_vectors_for(g3)  # as the kernels: 512-bit vectors for half rows
         t = 0.0
         for rep in range(reps):
             t += K._add_dh_and_dot(g3, g3, False, x3, r3, None, 0, 0, w, 1.0 + rep * 1e-9,

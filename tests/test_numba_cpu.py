@@ -431,6 +431,30 @@ def test_float64_rows_near_the_ends_of_the_range(rng):
         np.testing.assert_allclose(gr.dweight, go.dweight, rtol=1e-10)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, rmsref.bfloat16], ids=["float32", "bfloat16"])
+def test_narrow_rows_without_the_scaled_route(dtype):
+    """float32 and half kernels are compiled without the scaled route of ``_rstd_scaled``
+    (``_rstd_from_sumsq``): their Σx² leaves [SS_LO, SS_HI] only for zero, inf and NaN rows,
+    where the unscaled rstd is the oracle's, whatever eps (here up to 1e305, where the oracle
+    scales the row by eps's exponent)."""
+    n = 70
+    x = np.ones((6, n), np.float64)
+    x[0] = 0.0
+    x[1, 3] = np.inf
+    x[2, 5] = np.nan
+    x[3] = 3e38  # squares overflow float32, not the kernels' float64 sum
+    x[4] = 1e-45 if dtype == np.float32 else 1e-40  # the smallest subnormals
+    x = x.astype(dtype)
+    for eps in (0.0, 1e-6, 1e305):
+        y, rstd = K.rms_norm_forward(x, n, eps=eps)
+        y_o, rstd_o = rmsref.rms_norm_forward(x, n, eps=eps)
+        with np.errstate(over="ignore"):  # bfloat16's saved rstd is float32: 1e40 -> inf
+            rstd_o = rstd_o.astype(rstd.dtype)
+        np.testing.assert_array_equal(rstd, rstd_o, err_msg=f"eps={eps}")
+        np.testing.assert_array_equal(y.astype(np.float64), y_o.astype(np.float64),
+                                      err_msg=f"eps={eps}")
+
+
 @pytest.mark.slow  # compiles extra Numba specialisations; CI runs it (pytest -m slow)
 def test_layer_norm_float64_limitation():
     """Documented limitation: LayerNorm kernels are not overflow-safe for float64 rows beyond

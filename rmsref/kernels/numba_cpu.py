@@ -138,7 +138,7 @@ from typing import Any
 
 import numpy as np
 from numba import carray, njit, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from rmsref._rounding import round_to
 from rmsref._shapes import (
@@ -328,9 +328,15 @@ def _sumsq_v3(x3, b, i, kf):
 
 @njit(**_INL)
 def _dot_v3(g3, x3, b, i, w, n, k):
-    """Σ_j dxhat_j·x_j in 64 lanes, as ``_sumsq_v3`` (v3)."""
+    """Σ_j dxhat_j·x_j in 64 lanes, as ``_sumsq_v3`` (v3); a scaled row (k != 0) by v1."""
     if k != 0:  # a scaled float64 row: rare, keep it simple
         return _dot_v1(g3, x3, b, i, w, n, k)
+    return _dot_lanes(g3, x3, b, i, w, n)
+
+
+@njit(**_INL)
+def _dot_lanes(g3, x3, b, i, w, n):
+    """Σ_j dxhat_j·x_j of an unscaled row in the 64 lanes of ``_sumsq_v3``."""
     acc = _lanes()
     n64 = n - n % LANES
     for j0 in range(0, n64, LANES):
@@ -356,16 +362,31 @@ def _scale_exponent(amax, eps):
     return k
 
 
-@njit(**_INL)
 def _rstd_from_sumsq(ss, x3, b, i, kf, eps):
     """(rstd_s, k) of a row from its Σ_{j<kf} x_j²: rstd = rstd_s·2^-k, xhat = (x·2^-k)·rstd_s.
 
-    Eqs. (1)-(2). A row whose Σx² left [SS_LO, SS_HI] (float64 inputs near the ends of the
-    exponent range; also zero/NaN/inf rows, which end with k = 0) is redone scaled by 2^-k.
+    Eqs. (1)-(2). A float64 row whose Σx² left [SS_LO, SS_HI] (inputs near the ends of the
+    exponent range; also zero/NaN/inf rows, which end with k = 0) is redone scaled by 2^-k
+    (``_rstd_scaled``). A float32 or half row never needs it: its nonzero squares lie in
+    [2^-298, 2^256), so Σx² is in range unless it is 0, NaN or inf, rows for which the
+    scaled route gives the same rstd (0 and inf scale exactly; NaN stays NaN). Those kernels
+    are compiled without the scaled route (its loops took ~0.2 s of their first call).
+    Numba-compiled code only (an overload on x3's type, inlined).
     """
-    if SS_LO <= ss <= SS_HI:
-        return 1.0 / math.sqrt(ss / kf + eps), 0
-    return _rstd_scaled(ss, x3, b, i, kf, eps)
+    raise NotImplementedError("_rstd_from_sumsq is only callable from Numba-compiled code")
+
+
+@overload(_rstd_from_sumsq, inline="always", jit_options={"nogil": True, "error_model": "numpy"})
+def _rstd_from_sumsq_impl(ss, x3, b, i, kf, eps):
+    if x3.dtype != types.float64:
+        return lambda ss, x3, b, i, kf, eps: (1.0 / math.sqrt(ss / kf + eps), 0)
+
+    def checked(ss, x3, b, i, kf, eps):
+        if SS_LO <= ss <= SS_HI:
+            return 1.0 / math.sqrt(ss / kf + eps), 0
+        return _rstd_scaled(ss, x3, b, i, kf, eps)
+
+    return checked
 
 
 @njit(**_SER)
@@ -661,7 +682,7 @@ def _rms_bwd_pipelined(dy3, x3, w, rstd_in, dx3, dw_parts, t0, t1):
         r1 = min(m, r0 + ROWS_PER_PART)
         if r1 <= r0:  # an empty batch still has one (zeroed) part
             continue
-        s = _dot_v3(dy3, x3, r0 // nr, r0 % nr, w, n, 0)  # Σ dxhat·x of the part's first row
+        s = _dot_lanes(dy3, x3, r0 // nr, r0 % nr, w, n)  # Σ dxhat·x of the part's first row
         for r in range(r0, r1):
             rn = min(r + 1, r1 - 1)  # the row summed while row r is written
             rstd_s = rstd_in[r]
