@@ -424,11 +424,6 @@ def work_row(w, x, out):
     raise NotImplementedError("work_row is only callable from Numba-compiled code")
 
 
-def work_is_f32(x, out):
-    """Whether array ``x``'s elements written into array ``out`` are computed in float32."""
-    raise NotImplementedError("work_is_f32 is only callable from Numba-compiled code")
-
-
 def work_in_range(rstd_s, x, out):
     """Whether a row with this rstd may take the float32 route: 2^-100 <= rstd_s <= 2^100, so
     that x·rstd and its products stay clear of float32's overflow and underflow (always True
@@ -518,12 +513,6 @@ def _work_row_impl(w, x, out):
     if _f32_route(x.dtype, out):
         return lambda w, x, out: w.astype(np.float32)
     return lambda w, x, out: w
-
-
-@overload(work_is_f32, jit_options={"nogil": True})
-def _work_is_f32_impl(x, out):
-    f32 = _f32_route(x.dtype, out)
-    return lambda x, out: f32
 
 
 @overload(work_in_range, jit_options={"nogil": True})

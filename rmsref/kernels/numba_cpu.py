@@ -42,6 +42,10 @@ Fused residual add + RMSNorm and LayerNorm, written the same way
 A pipelined loop sums the next row in the same lanes and order as the row's own reduction, so a
 row has the same bits whichever loop summed it (the tests check this against the unpipelined
 kernels and across batch splits).
+The 64 lanes are a stack array (``_lanes``), which LLVM keeps in vector registers where the
+lane loop unrolls (an ``np.zeros`` array lived on the heap and was loaded and stored every 64
+elements), and half-precision kernels ask LLVM for 512-bit vectors (``_wide_vectors_for``).
+Neither changes an operation or its order, so neither changes a bit (``bench/bits.py``).
 
 The version numbers in the names are those of the kernel history: the variants that led to the
 RMSNorm kernels (forward v1-v4, backward v1-v6, each saying what changed) live in
@@ -117,15 +121,18 @@ Numerical contract
 - Speed: ``bench/cpu.py`` times the default kernels (and the history's variants) against a
   parallel copy of the same bytes; the committed tables are in ``bench/results/cpu.md`` (and
   ``cpu-summary.md``).
-- Compilation: lazy (first call per dtype and layout), ``cache=True`` (on-disk cache next to this
-  file). Compile time grows with the inlined kernel body (the 64-lane loops are unrolled and
-  vectorised by LLVM), which is why rare paths (bias and scaled rows of the forward write, the
-  backward calls that are not pipelined, the overflow-safe rows) live in kernels or serial
-  helpers of their own, outside the pipelined loops. ``bench/compile.py`` measures each default
-  kernel's cold first call (``bench/results/compile.md``). After editing ``_halfbits.py`` clear
-  ``__pycache__/*.nb[ic]`` (Numba checks only the timestamp of the file holding the cached
-  function). The kernels are serial (not ``parallel=True``), which halves a first call's
-  compile time: Numba's parfor passes and gufunc wrapper took about half of it.
+- Compilation: lazy (first call per dtype and layout), ``cache=True`` (on-disk cache next to
+  this file). Compile time grows with the inlined kernel body (the 64-lane loops are unrolled
+  and vectorised by LLVM), which is why rare paths (bias and scaled rows of the forward write,
+  the backward calls that are not pipelined, the overflow-safe rows) live in kernels or serial
+  helpers of their own, outside the pipelined loops, and why float32 and half kernels are
+  compiled without the overflow-safe route they never need (``_rstd_from_sumsq``). A backward
+  without a saved rstd computes it first (``_rms_rstd``) and runs the pipelined kernel, so its
+  first call compiles two small kernels rather than v3's general one. ``bench/compile.py``
+  measures each default kernel's cold first call (``bench/results/compile.md``). After editing
+  ``_halfbits.py`` clear ``__pycache__/*.nb[ic]`` (Numba checks only the timestamp of the file
+  holding the cached function). The kernels are serial (not ``parallel=True``), which halves a
+  first call's compile time: Numba's parfor passes and gufunc wrapper took about half of it.
 """
 
 from __future__ import annotations
@@ -168,7 +175,6 @@ from rmsref.kernels._halfbits import (
     to_f64,
     to_work,
     work_in_range,
-    work_is_f32,
     work_row,
 )
 from rmsref.layernorm import LayerNormGrads
@@ -481,7 +487,7 @@ def _write_and_sumsq(x3, b, i, ww, y3, rstd_w, b1, i1):
     acc = _lanes()
     outside = False
     n64 = n - n % LANES
-    for j0 in range(0, n64, LANES):
+    for j0 in range(0, n64, LANES):  # 64 elements of y, then 64 squares of the next row
         for lane in range(LANES):
             j = j0 + lane
             xj = to_work(x3[b, i, j], y3)
@@ -489,7 +495,8 @@ def _write_and_sumsq(x3, b, i, ww, y3, rstd_w, b1, i1):
             yj = xhat * ww[j]  # (3)-(4)
             y3[b, i, j] = from_work(yj, y3)
             outside |= outside_work(yj, y3) | lost_in_work(xj, xhat, y3)
-            v = to_f64(x3[b1, i1, j])
+        for lane in range(LANES):  # a loop of its own: LLVM then keeps the lanes in registers
+            v = to_f64(x3[b1, i1, j0 + lane])
             acc[lane] += v * v  # (1) of the next row
     for lane in range(n - n64):
         j = n64 + lane
@@ -509,9 +516,7 @@ def _rms_fwd_v4(x3, w, bias, has_bias, kf, eps, y3, rstd_out, t0, t1):
     nr = x3.shape[1]
     m = x3.shape[0] * nr
     ww = work_row(w, x3, y3)  # w' in the working precision of the element-wise step
-    # Pipelined rows pay off in float64 work; a float32 row (half outputs) is faster written
-    # in a loop of its own, after its sum (bench/cpu.py).
-    fuse = kf == x3.shape[2] and not has_bias and not work_is_f32(x3, y3)
+    fuse = kf == x3.shape[2] and not has_bias  # the common call: rows pipelined
     for blk in range(t0, t1):  # this call's share of the tasks (``_launch``)
         r0 = blk * ROWS_PER_BLOCK
         r1 = min(m, r0 + ROWS_PER_BLOCK)
@@ -633,7 +638,7 @@ def _bwd_row_and_dot(g3, x3, b, i, w, rstd_s, c, dx3, dw_parts, p, b1, i1):
     acc = _lanes()
     outside = False  # whether dx needs ``_bwd_dx_exact``
     n64 = n - n % LANES
-    for j0 in range(0, n64, LANES):
+    for j0 in range(0, n64, LANES):  # 64 elements of dx, then 64 terms of the next row's sum
         for lane in range(LANES):
             j = j0 + lane
             g = to_f64(g3[b, i, j])
@@ -642,6 +647,8 @@ def _bwd_row_and_dot(g3, x3, b, i, w, rstd_s, c, dx3, dw_parts, p, b1, i1):
             dx3[b, i, j] = from_work(dxj, dx3)
             outside |= outside_work(dxj, dx3)
             dw_parts[p, j] += g * xhat  # (8)
+        for lane in range(LANES):  # a loop of its own, as in ``_write_and_sumsq``
+            j = j0 + lane
             acc[lane] += (to_f64(g3[b1, i1, j]) * w[j]) * to_f64(x3[b1, i1, j])  # next row
     for lane in range(n - n64):
         j = n64 + lane
