@@ -854,6 +854,8 @@ def _add_write_and_sumsq(x3, r3, like, b, i, w, y3, rstd_s, res3, b1, i1):
             yj = as_work(_h_of(x[j], r[j], like) * rstd_s * w[j], x3, y3)  # (3)-(4)
             y[j] = from_work(yj, y3)
             outside |= outside_work(yj, y3)
+        for lane in range(LANES):  # a loop of its own, as in ``_write_and_sumsq``
+            j = j0 + lane
             h = _h_of(x1[j], r1[j], like)
             res1[j] = sum_to(h, x3, r3, res3)  # new_residual = R_res(h)
             acc[lane] += h * h  # (1) of the next row
@@ -1036,6 +1038,8 @@ def _add_dh_and_dot(dy3, dro3, has_dro, x3, r3, like, b, i, w, rstd_s, c, dx3, d
             dx[j] = from_f64(dh, dx3)
             dr[j] = from_f64(dh, dr3)
             dw[j] += to_f64(g[j]) * hhat  # (8)
+        for lane in range(LANES):  # a loop of its own, as in ``_bwd_row_and_dot``
+            j = j0 + lane
             acc[lane] += _dxhat_h(g1[j], w[j], x1[j], r1[j], like, 0)  # the next row's
     for lane in range(n - n64):
         j = n64 + lane
@@ -1169,7 +1173,8 @@ def _ln_write_and_sum(x3, b, i, w, bias, y3, mu, rstd, b1, i1):
             yj = as_work((to_f64(x3[b, i, j]) - mu) * rstd * w[j] + bias[j], x3, y3)
             y3[b, i, j] = from_work(yj, y3)
             outside |= outside_work(yj, y3)
-            acc[lane] += to_f64(x3[b1, i1, j])  # (1) of the next row
+        for lane in range(LANES):  # a loop of its own, as in ``_write_and_sumsq``
+            acc[lane] += to_f64(x3[b1, i1, j0 + lane])  # (1) of the next row
     for lane in range(n - n64):
         j = n64 + lane
         yj = as_work((to_f64(x3[b, i, j]) - mu) * rstd * w[j] + bias[j], x3, y3)
@@ -1303,6 +1308,8 @@ def _ln_dx_and_sums(dy3, x3, b, i, w, mu, rstd, c1, c2, dx3, want_db, dw_parts, 
             dw_parts[p, j] += g * xhat  # (11)
             if want_db:
                 db_parts[p, j] += g
+        for lane in range(LANES):  # a loop of its own, as in ``_bwd_row_and_dot``
+            j = j0 + lane
             g, gd = _dxhat_terms(to_f64(dy3[b1, i1, j]), to_f64(x3[b1, i1, j]), w[j], mu1)
             acc_g[lane] += g  # (8)-(9) of the next row
             acc_gd[lane] += gd
