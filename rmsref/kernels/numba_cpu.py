@@ -277,9 +277,9 @@ def _wide_vectors_for(typingctx, x3):
     conversions (half to float32 to float64, and back), which 512-bit vectors do twice as
     many of per instruction: bfloat16 forward and backward ran 15-20 % faster at 8192x4096.
     The float32 forward ran slower with them (1.6x the copy's time instead of 1.35x, a cause
-    not found), so float32 and float64 kernels keep the default. Vector width never changes what an
-    element or a lane computes, only how many are done at once; on a CPU without AVX-512 the
-    attribute changes nothing.
+    not found), so float32 and float64 kernels keep the default. Vector width never changes
+    what an element or a lane computes, only how many are done at once; on a CPU without
+    AVX-512 the attribute changes nothing.
     """
     wide = isinstance(x3, types.Array) and x3.dtype.bitwidth == 16
 
