@@ -293,7 +293,11 @@ def _wide_vectors_for(typingctx, x3):
 
 @njit(**_INL)
 def _lanes():
-    """LANES float64 zeros in registers (see ``_zero_lanes``): the accumulators of a row."""
+    """LANES float64 zeros in registers (see ``_zero_lanes``): the accumulators of a row.
+
+    Inlined by Numba (``inline="always"``) so that the stack array belongs to the caller's
+    frame: compiled as a function of its own, it would return a pointer into its own finished
+    frame."""
     return carray(_zero_lanes(), LANES)
 
 
