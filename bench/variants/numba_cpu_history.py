@@ -264,7 +264,6 @@ def _rms_bwd_v4(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, d
                              dw_parts, db_parts, p)
 
 
-_RMS_FWD = {1: _rms_fwd_v1, 2: _rms_fwd_v2, 3: _rms_fwd_v3, 4: _rms_fwd_v4}
 def _rms_bwd_v5(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, dw_parts,
                 db_parts, t0, t1):
     """v5: the common call with a saved rstd runs ``_rms_bwd_pipelined``, every other call v3."""
@@ -276,6 +275,7 @@ def _rms_bwd_v5(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, d
                     db_parts, t0, t1)
 
 
+_RMS_FWD = {1: _rms_fwd_v1, 2: _rms_fwd_v2, 3: _rms_fwd_v3, 4: _rms_fwd_v4}
 _RMS_BWD = {1: _rms_bwd_v1, 2: _rms_bwd_v2, 3: _rms_bwd_v3, 4: _rms_bwd_v4, 5: _rms_bwd_v5,
             6: _rms_bwd_v6}
 
