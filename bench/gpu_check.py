@@ -1,6 +1,6 @@
 """Check, then time, the numba_cuda RMSNorm kernels on a CUDA GPU.
 
-    python bench/gpu_check.py [--quick] [--json PATH] [--budget SECONDS] [--no-torch]
+    python bench/gpu_check.py [--quick] [--json PATH] [--budget SECONDS] [--no-torch] [--sweep]
     python bench/gpu_check.py --simulate-tiny      # the same pipeline, tiny, in the simulator
     python bench/gpu_check.py --compile-only       # PTX for sm_90 of every kernel, no GPU needed
 
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -233,10 +234,29 @@ def configurations(k: Any, n: int, tiny: bool) -> list:
     if tiny:
         return [k.Launch(threads=32, variant="block", dw_blocks=2)]
     out = [k.Launch()]
+    out.append(k.Launch(held=False))  # the row read twice instead of held in registers
     out.append(k.Launch(variant="block"))  # automatic T, block variant (auto may be warp)
     out.append(k.Launch(variant="block", threads=128))  # many elements per thread at large N
     if n <= k.WARP_ROW_LIMIT:
         out.append(k.Launch(variant="warp", threads=64))
+    return _unique(k, n, out)
+
+
+def timed_configurations(k: Any, n: int, tiny: bool, sweep: bool) -> list:
+    """The configurations timed at the largest size: those checked, and with ``sweep`` half and
+    twice the block variant's T (each also checked, on sampled rows, when it is timed)."""
+    out = configurations(k, n, tiny)
+    if sweep and not tiny:
+        auto = k.plan_forward(n, 1, k.Launch(variant="block")).threads
+        out += [k.Launch(variant="block", threads=t) for t in (auto // 2, 2 * auto)
+                if 32 <= t <= k.MAX_THREADS]  # half and twice the automatic T
+        if n <= k.WARP_ROW_LIMIT:
+            out.append(k.Launch(variant="warp", threads=128))
+    return _unique(k, n, out)
+
+
+def _unique(k: Any, n: int, out: list) -> list:
+    """``out`` without the configurations whose plans repeat an earlier one's."""
     seen, unique = set(), []
     for lc in out:
         key = (k.plan_forward(n, 4096, lc), k.plan_backward(n, 4096, lc))
@@ -249,7 +269,7 @@ def configurations(k: Any, n: int, tiny: bool) -> list:
 def _label(k: Any, lc: Any, n: int, m: int) -> dict:
     pf, pb = k.plan_forward(n, m, lc), k.plan_backward(n, m, lc)
     return {"variant": pf.variant, "threads": pf.threads, "bwd_threads": pb.threads,
-            "dw_blocks": pb.blocks}
+            "dw_blocks": pb.blocks, "held": pf.held, "bwd_held": pb.held}
 
 
 # --------------------------------------------------------------------------------------------
@@ -437,15 +457,22 @@ def _pct(row: dict, key: str) -> str:
     return f"{100 * row[key]:6.0f}" if key in row else f"{'-':>6}"
 
 
+def _variant(row: dict) -> str:
+    """The variant, with "+h" when the forward holds the row in registers and "/h" when the
+    backward does (``Launch.held``)."""
+    return (row["variant"] + ("+h" if row.get("held") else "")
+            + ("/h" if row.get("bwd_held") else ""))
+
+
 def print_table(rep: Report) -> None:
     print(f"\ndevice: {rep.device}")
     if rep.copy_gbps:
         print(f"measured device copy bandwidth: {rep.copy_gbps:.0f} GB/s (read + write)")
     print("\nchecks vs float64 oracle (worst observed/bound; pass <= 1)")
-    print(f"{'N':>6} {'M':>8} {'dtype':>5} {'variant':>7} {'T':>5} {'kernel':<34} "
+    print(f"{'N':>6} {'M':>8} {'dtype':>5} {'variant':>9} {'T':>5} {'kernel':<34} "
           f"{'quantity':<13} {'ratio':>9}  ok")
     for c in rep.checks:
-        print(f"{c['N']:>6} {c['M']:>8} {c['dtype']:>5} {c['variant']:>7} {c['threads']:>5} "
+        print(f"{c['N']:>6} {c['M']:>8} {c['dtype']:>5} {_variant(c):>9} {c['threads']:>5} "
               f"{c['kernel']:<34} {c['quantity']:<13} {c['max_ratio']:>9.3g}  "
               f"{'ok' if c['pass'] else 'FAIL'}")
     print("\ndeterminism (two backward runs)")
@@ -455,13 +482,13 @@ def print_table(rep: Report) -> None:
               f"dx {'same bits' if d['dx_bitwise_equal'] else 'DIFFERS'}")
     if rep.timings:
         print("\ntimings (median of 3 batches; GB/s of compulsory traffic)")
-        print(f"{'N':>6} {'M':>8} {'dtype':>5} {'variant':>7} {'T':>5} {'fwd ms':>8} "
+        print(f"{'N':>6} {'M':>8} {'dtype':>5} {'variant':>9} {'T':>5} {'fwd ms':>8} "
               f"{'GB/s':>6} {'%copy':>6} {'bwd ms':>8} {'GB/s':>6} {'%copy':>6} "
               f"{'torch f':>8} {'torch b':>8}")
         for t in rep.timings:
             tf = f"{t['torch_fwd_ms']:8.3f}" if "torch_fwd_ms" in t else f"{'-':>8}"
             tb = f"{t['torch_bwd_ms']:8.3f}" if "torch_bwd_ms" in t else f"{'-':>8}"
-            print(f"{t['N']:>6} {t['M']:>8} {t['dtype']:>5} {t['variant']:>7} {t['threads']:>5} "
+            print(f"{t['N']:>6} {t['M']:>8} {t['dtype']:>5} {_variant(t):>9} {t['threads']:>5} "
                   f"{t['fwd_ms']:8.3f} {t['fwd_GBps']:6.0f} {_pct(t, 'fwd_frac_copy')} "
                   f"{t['bwd_ms']:8.3f} {t['bwd_GBps']:6.0f} {_pct(t, 'bwd_frac_copy')} {tf} {tb}")
     for note in rep.notes:
@@ -553,27 +580,31 @@ def compile_only(quick: bool) -> int:
         if not quick:
             fwd_opts += [(False, False, False, False), (True, False, False, False),
                          (True, True, True, False)]
-        for variant in ("block", "warp"):
-            for has_w, has_b, has_r, rounded in fwd_opts:
-                o = k.ForwardOptions(variant=variant, threads=256, x=kx, y=kx,
-                                     weight=kx if has_w else None, bias=kx if has_b else None,
-                                     residual=kx if has_r else None, rounded=rounded)
-                sig = (arr(o.x, 2), arr(o.residual, 2), arr(o.weight, 1), arr(o.bias, 1),
-                       arr(o.y, 2), arr(o.residual, 2), types.Array(f32, 1, "C"), i64, i64, f32,
-                       f32, f32)
-                jobs.append((f"forward {variant}: {o}", k._forward_kernel(o), sig,
-                             "shfl.sync.bfly" if variant == "warp" else None))
+        # cols > 0: the row held in registers (N = 2048 over 256 threads; N = 512 over a warp)
+        layouts = (("block", 0), ("block", 8), ("warp", 0), ("warp", 16))
+        for (variant, cols), (has_w, has_b, has_r, rounded) in itertools.product(layouts,
+                                                                                 fwd_opts):
+            o = k.ForwardOptions(variant=variant, threads=256, x=kx, y=kx,
+                                 weight=kx if has_w else None, bias=kx if has_b else None,
+                                 residual=kx if has_r else None, rounded=rounded, cols=cols)
+            sig = (arr(o.x, 2), arr(o.residual, 2), arr(o.weight, 1), arr(o.bias, 1),
+                   arr(o.y, 2), arr(o.residual, 2), types.Array(f32, 1, "C"), i64, i64, f32,
+                   f32, f32)
+            jobs.append((f"forward {variant}: {o}", k._forward_kernel(o), sig,
+                         "shfl.sync.bfly" if variant == "warp" else None))
         # weight, bias, residual, dresidual_out, "rounded-sum", saved rstd
         bwd_opts = [(True, True, True, True, True, False)]
         if not quick:
             bwd_opts += [(False, False, False, False, False, False),
                          (True, False, False, False, False, True)]
-        for has_w, has_b, has_r, has_dro, rounded, saved in bwd_opts:
-            o = k.BackwardOptions(threads=1024, cols=16, x=kx, dy=kx,
+        # held: N = 4096 over 512 threads, h and dy held in registers; else N = 16384 over 1024
+        for (held, threads, cols), (has_w, has_b, has_r, has_dro, rounded, saved) in \
+                itertools.product(((False, 1024, 16), (True, 512, 8)), bwd_opts):
+            o = k.BackwardOptions(threads=threads, cols=cols, x=kx, dy=kx,
                                   weight=kx if has_w else None, bias=has_b,
                                   residual=kx if has_r else None,
                                   dresidual_out=kx if has_dro else None, rounded=rounded,
-                                  saved_rstd=saved)
+                                  saved_rstd=saved, held=held)
             sig = (arr(o.dy, 2), arr(o.x, 2), arr(o.residual, 2), arr(o.weight, 1),
                    arr(o.dresidual_out, 2), types.Array(f32, 1, "C"), arr(o.x, 2),
                    arr(o.residual, 2), types.Array(f32, 2, "C"), types.Array(f32, 2, "C"), i64,
@@ -628,6 +659,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--budget", type=float, default=270.0,
                    help="seconds after which no new timing is started (default 270)")
     p.add_argument("--no-torch", action="store_true", help="skip the torch comparison")
+    p.add_argument("--sweep", action="store_true",
+                   help="also time half and twice the automatic threads per block")
     return p.parse_args(argv)
 
 
@@ -682,8 +715,9 @@ def main(argv: list[str] | None = None) -> int:
                      seed + 7, configurations(k, n_extra, sizes.tiny)[0])
         _progress(t_start, f"checked bias/offset/residual {dname}")
 
-    # timings: only once every check above has been made
-    for dname, dtype in DTYPES.items():
+    # timings: only once every check above has been made; bfloat16 first, so that a budget
+    # cut falls on float32
+    for dname, dtype in reversed(DTYPES.items()):
         x_d = dev.random(biggest, dtype, 77)
         dy_d = dev.random(biggest, dtype, 78)
         for n in sizes.ns:
@@ -691,15 +725,17 @@ def main(argv: list[str] | None = None) -> int:
             for elems in sizes.time_elems:
                 m = sizes.rows(elems, n)
                 largest = elems == max(sizes.time_elems) and not sizes.tiny
-                configs = configurations(k, n, sizes.tiny) if largest else [
+                configs = timed_configurations(k, n, sizes.tiny, args.sweep) if largest else [
                     configurations(k, n, sizes.tiny)[0]]
                 for lc in configs:
                     if time.perf_counter() - t_start > args.budget:
                         rep.notes.append(f"budget of {args.budget:.0f} s reached: timings "
                                          f"from N={n} M={m} {dname} on were skipped")
                         break
+                    # torch once per shape, next to the automatic configuration
                     time_shape(dev, rep, n, m, dtype, dname, _rows(x_d, m, n),
-                               _rows(dy_d, m, n), w_d, lc, sizes, torch)
+                               _rows(dy_d, m, n), w_d, lc, sizes,
+                               torch if lc == k.Launch() else None)
                     if largest:
                         check_determinism(dev, rep, n, m, dname, x_d, dy_d, w_d, lc)
             _progress(t_start, f"timed N={n} {dname}")

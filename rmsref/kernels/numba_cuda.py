@@ -19,9 +19,19 @@ with h = x, or h = x + residual for the fused residual add ("fp32-sum": the floa
 Variants (llm.c style: each line says what changed from the previous one)
 --------------------------------------------------------------------------
 forward ``block``  one block of T threads per row. Pass 1: thread t sums h_j² for j = t, t+T, …
-                   in a float32 register; the T partial sums meet in a shared-memory tree
-                   (log2 T halving steps, ``syncthreads`` between them) — no warp primitives, so
-                   it runs in the simulator. Pass 2 re-reads the row (from L1/L2) and writes y.
+                   in a float32 register; the T partial sums meet in a tree (log2 T halving
+                   steps: slot t += slot t+s for s = T/2, …, 1). The steps down to 32 slots go
+                   through shared memory with ``syncthreads`` between them; the last five, inside
+                   warp 0, are a ``shfl_xor_sync`` butterfly, whose lane 0 adds the same values in
+                   the same order. Pass 2 re-reads the row (from L1/L2) and writes y.
+held rows          (``Launch.held``; both variants, and the backward) each thread keeps its
+                   C = ceil(N/T) elements in registers between the passes instead of re-reading
+                   them: the loop over them is unrolled (C is a compile-time constant), every load
+                   is issued before the first is used, and offset + w (and b) are loaded before
+                   the reduction, so their latency hides behind it. Same operations in the same
+                   order as the re-read row: the same bits in the simulator (``tests/cudasim``).
+                   On a GPU the two are compiled apart, and the compiler could fuse a multiply
+                   and an add in one and not the other; their bits there were not compared.
 forward ``warp``   as ``block``, but one 32-lane warp per row and T/32 rows per block; the sum is
                    a butterfly of ``shfl_xor_sync`` (no shared memory, no block barrier). For
                    N ≤ 1024, where a block per row would leave most threads idle. The simulator
@@ -50,6 +60,9 @@ Launch configuration (chosen from N, see :func:`plan_forward` / :func:`plan_back
   latency, and the log2 T-step tree is a small part of the row's time. N = 4096 → 512,
   N ≥ 8192 → 1024 (N = 16384: 16 elements per thread). T must be a power of two for the tree.
 * threads per block, ``warp`` forward: 256 (8 rows per block), a common occupancy sweet spot.
+* held rows (see above): forward when C ≤ min(32, 8192/T), so up to N = 4096 with the automatic
+  T (and a warp per row up to 1024); backward when C ≤ min(16, 512/T), so up to N = 512. Chosen
+  from a run on an H200, where held rows past these limits were slower (fewer blocks fit).
 * backward grid G = min(M, 1024): enough blocks to fill a 132-SM H100/H200 several times over,
   and a constant, so the partial-row layout (and hence dweight's bits) depends on the shapes only,
   not on which GPU runs it. Partial rows cost G·N·4 bytes (≤ 64 MiB at N = 16384).
@@ -95,9 +108,15 @@ simulator the kernels run as Python threads on NumPy float32 scalars without con
 last bit can differ from a GPU's: tests check indexing, tails, rounding and determinism there,
 and ``bench/gpu_check.py`` checks device numerics on a GPU.
 
-Not done yet (the next variants): vectorised loads (two bfloat16 or four float32 per load; the
-v1 kernels issue one 2- or 4-byte load per element), and keeping the row in registers between
-the two passes instead of re-reading it from L1/L2.
+Every subscript is an unsigned index (``_ix``): with a signed one Numba adds the length to a
+negative index, a compare and a select per access that also keeps the compiler from folding the
+addresses of a held row into one base and constant offsets.
+
+Not done yet (``bench/results/gpu-h200.md`` has the measured speeds): vectorised loads (two
+bfloat16 or four float32 per load: each thread issues one 2- or 4-byte load per element, so a
+bfloat16 row costs as many instructions as a float32 one for half the bytes), and a backward
+that holds the row without losing occupancy (its 5C held values cost registers; from N = 1024
+on it re-reads the row).
 """
 
 from __future__ import annotations
@@ -161,6 +180,15 @@ MAX_THREADS = 1024
 MAX_DW_BLOCKS = 1024
 STAGE2_THREADS = 256
 WARP_ROW_LIMIT = 1024  # forward uses a warp per row up to this N
+# Rows held in registers (see ``Launch.held``): at most C elements per thread, with
+#   forward  C <= min(32, 8192 / T)   (N <= 4096 for the automatic T; a warp per row up to 1024)
+#   backward C <= min(16, 512 / T)    (N <= 512 for the automatic T)
+# Chosen from one run on an H200 (bench/results/gpu-h200.md). Held rows let every load of a
+# thread be in flight at once, but cost registers, so fewer blocks fit on a multiprocessor; the
+# backward holds 5C values (h, dy, offset + w and the dweight and dbias sums), and from N = 1024
+# on (T >= 128) re-reading the row was faster there.
+MAX_HELD_COLS, HELD_ELEMS = 32, 8192  # forward
+MAX_HELD_COLS_BWD, HELD_ELEMS_BWD = 16, 512  # backward
 
 # Storage kinds: how an array's elements are held on the device.
 F32, F16, BF16 = 0, 1, 2
@@ -187,11 +215,19 @@ class Launch:
         Forward variant. The backward has one variant (``block``).
     dw_blocks : int, optional
         Backward grid size G (the number of dweight partial rows), at most M.
+    held : bool, optional
+        Hold each thread's elements of the row in registers between the two passes (``True``)
+        or read the row twice (``False``). Default: held when a thread has at most
+        ``min(MAX_HELD_COLS, HELD_ELEMS / T)`` (forward) or
+        ``min(MAX_HELD_COLS_BWD, HELD_ELEMS_BWD / T)`` (backward) elements of it. Both do the
+        same operations in the same order; ``True`` past those limits is allowed (registers
+        may spill).
     """
 
     threads: int | None = None
     variant: str | None = None
     dw_blocks: int | None = None
+    held: bool | None = None
 
 
 _LAUNCH: contextvars.ContextVar[Launch | None] = contextvars.ContextVar(
@@ -201,13 +237,14 @@ _LAUNCH: contextvars.ContextVar[Launch | None] = contextvars.ContextVar(
 
 @contextlib.contextmanager
 def launch_config(
-    threads: int | None = None, variant: str | None = None, dw_blocks: int | None = None
+    threads: int | None = None, variant: str | None = None, dw_blocks: int | None = None,
+    held: bool | None = None,
 ) -> Iterator[Launch]:
     """Force a launch configuration for every call inside the ``with`` block (thread-safe).
 
     Parameters
     ----------
-    threads, variant, dw_blocks
+    threads, variant, dw_blocks, held
         As in :class:`Launch`; ``None`` keeps the automatic choice.
 
     Returns
@@ -215,7 +252,7 @@ def launch_config(
     contextlib.AbstractContextManager[Launch]
         Yields the forced :class:`Launch`.
     """
-    forced = Launch(threads, variant, dw_blocks)
+    forced = Launch(threads, variant, dw_blocks, held)
     token = _LAUNCH.set(forced)
     try:
         yield forced
@@ -225,13 +262,15 @@ def launch_config(
 
 @dataclass(frozen=True)
 class Plan:
-    """A resolved launch: the variant, threads per block T, rows per block, grid size."""
+    """A resolved launch: the variant, threads per block T, rows per block, grid size, and
+    C = ceil(N / T_row) elements of a row per thread (T_row = T, or 32 for a warp per row)."""
 
     variant: str
     threads: int
     rows_per_block: int
     blocks: int
-    cols_per_thread: int = 1  # backward: C = ceil(N / T) accumulators per thread
+    cols_per_thread: int = 1  # C: the row elements (and dweight accumulators) of one thread
+    held: bool = False  # the C elements stay in registers between the two passes
 
 
 def _next_pow2(v: int) -> int:
@@ -285,9 +324,12 @@ def plan_forward(n: int, m: int, launch: Launch | None = None) -> Plan:
     if variant == "warp":
         t = _check_threads(lc.threads if lc.threads is not None else 256, variant)
         rows = t // WARP
-        return Plan(variant, t, rows, max(1, math.ceil(m / rows)))
+        c = _cols(n, WARP)
+        return Plan(variant, t, rows, max(1, math.ceil(m / rows)), c,
+                    _held(lc, c, min(MAX_HELD_COLS, HELD_ELEMS // WARP)))
     t = _check_threads(lc.threads if lc.threads is not None else _block_threads(n), variant)
-    return Plan(variant, t, 1, max(1, m))
+    c = _cols(n, t)
+    return Plan(variant, t, 1, max(1, m), c, _held(lc, c, min(MAX_HELD_COLS, HELD_ELEMS // t)))
 
 
 def plan_backward(n: int, m: int, launch: Launch | None = None) -> Plan:
@@ -310,7 +352,22 @@ def plan_backward(n: int, m: int, launch: Launch | None = None) -> Plan:
     if not isinstance(g, (int, np.integer)) or g < 1:
         raise ValueError(f"dw_blocks must be a positive int, got {g!r}")
     g = int(min(g, max(m, 1)))
-    return Plan("block", t, 0, g, max(1, math.ceil(n / t)))
+    c = _cols(n, t)
+    return Plan("block", t, 0, g, c, _held(lc, c, min(MAX_HELD_COLS_BWD, HELD_ELEMS_BWD // t)))
+
+
+def _cols(n: int, t: int) -> int:
+    """C = ceil(N / T): the elements of a row one of T threads handles (at least 1)."""
+    return max(1, math.ceil(n / t))
+
+
+def _held(lc: Launch, cols: int, limit: int) -> bool:
+    """Whether the row stays in registers: forced, else when C <= limit."""
+    if lc.held is None:
+        return cols <= limit
+    if not isinstance(lc.held, (bool, np.bool_)):
+        raise TypeError(f"held must be True, False or None, got {lc.held!r}")
+    return bool(lc.held)
 
 
 # --------------------------------------------------------------------------------------------
@@ -330,45 +387,6 @@ def _st_f32(v):
 
 _LOAD = {F32: _ld_f32, F16: hb.f16_to_f32, BF16: hb.bf16_to_f32}
 _STORE = {F32: _st_f32, F16: hb.f32_to_f16, BF16: hb.f32_to_bf16}
-
-
-@cuda.jit(device=True)
-def _block_sum(a, sh, tid, nthreads):
-    """Sum a over the block by a shared-memory tree; every thread gets the total.
-
-    nthreads is a power of two. Step s adds slot tid+s into slot tid for tid < s, halving s:
-    log2 T steps, each behind a barrier. The order of additions is fixed by T alone.
-    """
-    sh[tid] = a
-    cuda.syncthreads()
-    s = nthreads // 2
-    while s > 0:
-        if tid < s:
-            sh[tid] += sh[tid + s]
-        cuda.syncthreads()
-        s //= 2
-    total = sh[0]
-    cuda.syncthreads()  # everyone has read slot 0 before the next use overwrites it
-    return total
-
-
-@cuda.jit(device=True)
-def _block_sum2(a, b, sh_a, sh_b, tid, nthreads):
-    """As :func:`_block_sum` for two values at once (one barrier per step for both)."""
-    sh_a[tid] = a
-    sh_b[tid] = b
-    cuda.syncthreads()
-    s = nthreads // 2
-    while s > 0:
-        if tid < s:
-            sh_a[tid] += sh_a[tid + s]
-            sh_b[tid] += sh_b[tid + s]
-        cuda.syncthreads()
-        s //= 2
-    ta = sh_a[0]
-    tb = sh_b[0]
-    cuda.syncthreads()  # everyone has read slot 0 before the next row overwrites it
-    return ta, tb
 
 
 if not SIMULATOR:
@@ -406,6 +424,71 @@ else:
         return v
 
 
+@cuda.jit(device=True)
+def _halve_to(sh, tid, nthreads, last):
+    """The shared-memory tree from T slots down to ``last``: step s adds slot tid+s into slot tid
+    for tid < s, for s = T/2, T/4, …, last, each behind a barrier."""
+    s = nthreads // 2
+    while s >= last:
+        if tid < s:
+            sh[tid] += sh[tid + s]
+        cuda.syncthreads()
+        s //= 2
+
+
+@cuda.jit(device=True)
+def _block_sum(a, sh, tid, nthreads):
+    """Sum a over the block by a tree; every thread gets the total.
+
+    nthreads is a power of two. Step s adds slot tid+s into slot tid for tid < s, halving s:
+    log2 T steps. The order of additions is fixed by T alone. From T >= 32 the last five steps
+    (s = 16 … 1, inside warp 0) run as a warp butterfly (``_warp_sum``): lane 0 of the butterfly
+    adds the same two values in the same order as slot 0 of the tree, so the bits are the tree's,
+    with five barriers fewer.
+    """
+    sh[tid] = a
+    cuda.syncthreads()
+    if nthreads < WARP:
+        _halve_to(sh, tid, nthreads, 1)
+        total = sh[0]
+    else:
+        _halve_to(sh, tid, nthreads, WARP)
+        v = _warp_sum(sh[tid])  # warp 0: slots 0..31; the other warps' sums are not used
+        if tid == 0:
+            sh[0] = v
+        cuda.syncthreads()
+        total = sh[0]
+    cuda.syncthreads()  # everyone has read slot 0 before the next use overwrites it
+    return total
+
+
+@cuda.jit(device=True)
+def _block_sum2(a, b, sh_a, sh_b, tid, nthreads):
+    """As :func:`_block_sum` for two values at once (one barrier per step for both)."""
+    sh_a[tid] = a
+    sh_b[tid] = b
+    cuda.syncthreads()
+    last = 1 if nthreads < WARP else WARP
+    s = nthreads // 2
+    while s >= last:
+        if tid < s:
+            sh_a[tid] += sh_a[tid + s]
+            sh_b[tid] += sh_b[tid + s]
+        cuda.syncthreads()
+        s //= 2
+    if nthreads >= WARP:
+        va = _warp_sum(sh_a[tid])  # as in _block_sum: the tree's last five steps, same bits
+        vb = _warp_sum(sh_b[tid])
+        if tid == 0:
+            sh_a[0] = va
+            sh_b[0] = vb
+        cuda.syncthreads()
+    ta = sh_a[0]
+    tb = sh_b[0]
+    cuda.syncthreads()  # everyone has read slot 0 before the next row overwrites it
+    return ta, tb
+
+
 # --------------------------------------------------------------------------------------------
 # Kernel options and factories. A kernel is specialised at build time on the storage kinds of its
 # arrays and on which optional arrays exist (closure constants: the dead branches compile away);
@@ -429,6 +512,7 @@ class ForwardOptions:
     bias: int | None = None
     residual: int | None = None  # the fused add: the residual's kind, read and written back
     rounded: bool = False  # "rounded-sum": h is rounded to x's dtype before it is normalised
+    cols: int = 0  # C elements of the row held in registers per thread; 0: read the row twice
 
 
 @dataclass(frozen=True)
@@ -448,6 +532,7 @@ class BackwardOptions:
     dresidual_out: int | None = None
     rounded: bool = False
     saved_rstd: bool = False  # use the forward's rstd instead of recomputing it
+    held: bool = False  # hold h, dy and offset + w in registers instead of reading them twice
 
 
 def _kernel_jit(threads: int):
@@ -460,6 +545,14 @@ def _kernel_jit(threads: int):
     option.
     """
     return cuda.jit if SIMULATOR else cuda.jit(launch_bounds=threads)
+
+
+@cuda.jit(device=True)
+def _ix(v):
+    """An index as uint64. Numba subscripts with a signed index first add the length to a
+    negative one (a compare and a select per access, and a 64-bit address computed anew); with
+    an unsigned one they do not. Every index in these kernels is >= 0."""
+    return np.uint64(v)
 
 
 def _load(kind: int | None):
@@ -479,9 +572,9 @@ def _h_loader(x_kind: int, residual_kind: int | None, rounded: bool):
 
     @cuda.jit(device=True)
     def h_at(x, r, i, j):
-        h = ldx(x[i, j])
+        h = ldx(x[_ix(i), _ix(j)])
         if has_r:
-            h = h + ldr(r[i, j])  # float32 sum ("fp32-sum")
+            h = h + ldr(r[_ix(i), _ix(j)])  # float32 sum ("fp32-sum")
             if rounded:
                 h = ldx(stx(h))  # "rounded-sum": round to x's dtype, then normalise that
         return h
@@ -495,20 +588,25 @@ def _forward_kernel(o: ForwardOptions):
     h_at = _h_loader(o.x, o.residual, o.rounded)
     ldw, ldb, sty, stro = _load(o.weight), _load(o.bias), _STORE[o.y], _store(o.residual)
     has_w, has_b, has_r = o.weight is not None, o.bias is not None, o.residual is not None
-    T = o.threads
+    T, held = o.threads, o.cols > 0
+    C = max(o.cols, 1)  # the row elements one thread holds (a compile-time constant)
 
     @cuda.jit(device=True)
-    def write_row(x, r, w, b, y, i, n, rs, scale, offset, start, step):
-        """Pass 2, eqs. (3)-(4): y_j = (h_j·rstd)·(offset + w_j) + b_j, rounded once."""
-        for j in range(start, n, step):
-            yj = h_at(x, r, i, j) * rs  # eq. (3) xhat
-            if has_w:
-                yj = yj * (offset + ldw(w[j]))  # eq. (4)
-            else:
-                yj = yj * scale  # 1 + offset (exact 1 when offset = 0)
-            if has_b:
-                yj = yj + ldb(b[j])
-            y[i, j] = sty(yj)
+    def factor_at(w, j, scale, offset):
+        """offset + w_j, eq. (4)'s factor (scale = 1 + offset without a weight)."""
+        return (offset + ldw(w[_ix(j)])) if has_w else scale
+
+    @cuda.jit(device=True)
+    def bias_at(b, j):
+        return ldb(b[_ix(j)]) if has_b else np.float32(0.0)
+
+    @cuda.jit(device=True)
+    def y_of(h, rs, f, bj):
+        """Eqs. (3)-(4): y_j = (h_j·rstd)·f_j + b_j in float32 (not yet rounded)."""
+        yj = (h * rs) * f  # eq. (3) xhat, times offset + w_j
+        if has_b:
+            yj = yj + bj
+        return yj
 
     @cuda.jit(device=True)
     def row_sumsq(x, r, rout, i, n, kf, start, step):
@@ -520,42 +618,104 @@ def _forward_kernel(o: ForwardOptions):
             if j < kf:
                 acc += h * h
             if has_r:
-                rout[i, j] = stro(h)  # h rounded to the residual's dtype
+                rout[_ix(i), _ix(j)] = stro(h)  # h rounded to the residual's dtype
         return acc
+
+    @cuda.jit(device=True)
+    def write_row(x, r, w, b, y, i, n, rs, scale, offset, start, step):
+        """Pass 2, eqs. (3)-(4), re-reading the row: y_j rounded once."""
+        for j in range(start, n, step):
+            f, bj = factor_at(w, j, scale, offset), bias_at(b, j)
+            y[_ix(i), _ix(j)] = sty(y_of(h_at(x, r, i, j), rs, f, bj))
+
+    @cuda.jit(device=True)
+    def row_sumsq_held(x, r, rout, i, n, kf, start, step, hrow):
+        """As ``row_sumsq``, keeping h_j in hrow[c] for j = start + c·step: the loop over the C
+        elements is unrolled (C and step are constants), so hrow lives in registers. Every load
+        is unconditional (past the row's end it reads element N-1 again, which is not used), so
+        all C loads are in flight at once. Same additions in the same order: the same bits."""
+        for c in range(C):
+            hrow[c] = h_at(x, r, i, min(start + c * step, n - 1))
+        acc = np.float32(0.0)
+        for c in range(C):
+            j = start + c * step
+            if j < kf:
+                acc += hrow[c] * hrow[c]
+            if has_r and j < n:
+                rout[_ix(i), _ix(j)] = stro(hrow[c])
+        return acc
+
+    @cuda.jit(device=True)
+    def load_factors(w, b, n, scale, offset, start, step, frow, brow):
+        """offset + w_j and b_j of this thread's columns, into registers. Loaded before the
+        reduction, their latency hides behind it (read after the stores of y, which may alias
+        w and b as far as the compiler knows, each would wait for the one before)."""
+        for c in range(C):
+            jc = min(start + c * step, n - 1)
+            frow[c] = factor_at(w, jc, scale, offset)
+            brow[c] = bias_at(b, jc)
+
+    @cuda.jit(device=True)
+    def write_held(y, i, n, rs, start, step, hrow, frow, brow):
+        """As ``write_row``, from the held row and factors instead of memory."""
+        for c in range(C):
+            j = start + c * step
+            if j < n:
+                y[_ix(i), _ix(j)] = sty(y_of(hrow[c], rs, frow[c], brow[c]))
 
     if o.variant == "block":
 
         @_kernel_jit(T)
         def forward_block(x, r, w, b, y, rout, rstd, n, kf, eps, scale, offset):
             sh = cuda.shared.array(T, np.float32)
+            hrow = cuda.local.array(C, np.float32)  # h_j, j = tid + c·T (held rows only)
+            frow = cuda.local.array(C, np.float32)  # offset + w_j (held rows only)
+            brow = cuda.local.array(C, np.float32)  # b_j (held rows only)
             tid = cuda.threadIdx.x
             i = cuda.blockIdx.x
-            acc = row_sumsq(x, r, rout, i, n, kf, tid, T)
+            if held:
+                acc = row_sumsq_held(x, r, rout, i, n, kf, tid, T, hrow)
+                load_factors(w, b, n, scale, offset, tid, T, frow, brow)
+            else:
+                acc = row_sumsq(x, r, rout, i, n, kf, tid, T)
             ss = _block_sum(acc, sh, tid, T)
             rs = np.float32(1.0) / math.sqrt(ss / np.float32(kf) + eps)  # eqs. (1)-(2)
             if tid == 0:
-                rstd[i] = rs
-            write_row(x, r, w, b, y, i, n, rs, scale, offset, tid, T)
+                rstd[_ix(i)] = rs
+            if held:
+                write_held(y, i, n, rs, tid, T, hrow, frow, brow)
+            else:
+                write_row(x, r, w, b, y, i, n, rs, scale, offset, tid, T)
 
         return forward_block
 
     @_kernel_jit(T)
     def forward_warp(x, r, w, b, y, rout, rstd, n, kf, eps, scale, offset):
+        hrow = cuda.local.array(C, np.float32)  # h_j, j = lane + c·32 (held rows only)
+        frow = cuda.local.array(C, np.float32)  # offset + w_j (held rows only)
+        brow = cuda.local.array(C, np.float32)  # b_j (held rows only)
         tid = cuda.threadIdx.x
         lane = tid % WARP
         i = cuda.blockIdx.x * (T // WARP) + tid // WARP
         active = i < y.shape[0]  # the same for all 32 lanes of a warp
         acc = np.float32(0.0)
         if active:
-            acc = row_sumsq(x, r, rout, i, n, kf, lane, WARP)
+            if held:
+                acc = row_sumsq_held(x, r, rout, i, n, kf, lane, WARP, hrow)
+                load_factors(w, b, n, scale, offset, lane, WARP, frow, brow)
+            else:
+                acc = row_sumsq(x, r, rout, i, n, kf, lane, WARP)
         # Every lane reaches the shuffle (full mask), also in warps past the last row: no early
         # return, so the simulator's emulation below can use block barriers.
         ss = _warp_sum(acc)
         if active:
             rs = np.float32(1.0) / math.sqrt(ss / np.float32(kf) + eps)  # eqs. (1)-(2)
             if lane == 0:
-                rstd[i] = rs
-            write_row(x, r, w, b, y, i, n, rs, scale, offset, lane, WARP)
+                rstd[_ix(i)] = rs
+            if held:
+                write_held(y, i, n, rs, lane, WARP, hrow, frow, brow)
+            else:
+                write_row(x, r, w, b, y, i, n, rs, scale, offset, lane, WARP)
 
     return forward_warp
 
@@ -567,8 +727,31 @@ def _backward_kernel(o: BackwardOptions):
     ldw, lddy, lddro = _load(o.weight), _LOAD[o.dy], _load(o.dresidual_out)
     stdx, stdr = _STORE[o.x], _store(o.residual)
     has_w, has_b, has_r = o.weight is not None, o.bias, o.residual is not None
-    has_dro, has_rstd = o.dresidual_out is not None, o.saved_rstd
+    has_dro, has_rstd, held = o.dresidual_out is not None, o.saved_rstd, o.held
     T, C = o.threads, o.cols
+
+    @cuda.jit(device=True)
+    def w_at(w, j, scale, offset):
+        """offset + w_j, eq. (5)'s factor (scale = 1 + offset without a weight)."""
+        return (offset + ldw(w[_ix(j)])) if has_w else scale
+
+    @cuda.jit(device=True)
+    def dx_at(h, g_j, wj, rs, cc, j, kf):
+        """Eq. (7) for one element, in float32 (not yet rounded)."""
+        xhat = h * rs  # eq. (3)
+        dxhat = g_j * wj  # eq. (5)
+        if j < kf:
+            return rs * (dxhat - xhat * cc)  # eq. (7): direct term − projection
+        return rs * dxhat  # features past K do not feed the statistic
+
+    @cuda.jit(device=True)
+    def store_dx(dro, dx, dr, i, j, dxj):
+        """dx_j (plus dresidual_out_j when h also feeds new_residual), rounded once."""
+        if has_dro:
+            dxj = dxj + lddro(dro[_ix(i), _ix(j)])
+        dx[_ix(i), _ix(j)] = stdx(dxj)
+        if has_r:
+            dr[_ix(i), _ix(j)] = stdr(dxj)
 
     @_kernel_jit(T)
     def backward_block(dy, x, r, w, dro, rstd_in, dx, dr, pw, pb, m, n, kf, eps, scale,
@@ -577,49 +760,56 @@ def _backward_kernel(o: BackwardOptions):
         sh_b = cuda.shared.array(T, np.float32)
         dw_acc = cuda.local.array(C, np.float32)  # Σ_rows dy·xhat for columns tid + c·T
         db_acc = cuda.local.array(C, np.float32)  # Σ_rows dy
+        hrow = cuda.local.array(C, np.float32)  # held rows: h_j of the current row
+        grow = cuda.local.array(C, np.float32)  # held rows: dy_j of the current row
+        wrow = cuda.local.array(C, np.float32)  # held rows: offset + w_j, read once per block
         tid = cuda.threadIdx.x
         g = cuda.gridDim.x
         for c in range(C):
             dw_acc[c] = np.float32(0.0)
             db_acc[c] = np.float32(0.0)
+            if held:
+                j = tid + c * T
+                wrow[c] = w_at(w, j, scale, offset) if j < n else np.float32(0.0)
         for i in range(cuda.blockIdx.x, m, g):
             # pass 1: Σ_{j<K} h_j² (eq. 1) and Σ_j dxhat_j·h_j (eq. 6 before scaling by rstd/K)
             a_ss = np.float32(0.0)
             a_dh = np.float32(0.0)
+            if held:  # every load unconditional, so all 2C are in flight at once
+                for c in range(C):
+                    jc = min(tid + c * T, n - 1)  # past the row's end: element N-1, unused
+                    hrow[c] = h_at(x, r, i, jc)
+                    grow[c] = lddy(dy[_ix(i), _ix(jc)])
             for c in range(C):
                 j = tid + c * T
                 if j < n:
-                    h = h_at(x, r, i, j)
-                    wj = (offset + ldw(w[j])) if has_w else scale
-                    a_dh += (lddy(dy[i, j]) * wj) * h  # dxhat_j·h_j, eq. (5)
+                    if held:
+                        h, g_j, wj = hrow[c], grow[c], wrow[c]
+                    else:
+                        h, g_j = h_at(x, r, i, j), lddy(dy[_ix(i), _ix(j)])
+                        wj = w_at(w, j, scale, offset)
+                    a_dh += (g_j * wj) * h  # dxhat_j·h_j, eq. (5)
                     if j < kf and not has_rstd:
                         a_ss += h * h
             ss, dh = _block_sum2(a_ss, a_dh, sh_a, sh_b, tid, T)
             if has_rstd:
-                rs = np.float32(rstd_in[i])  # the forward's own statistic
+                rs = np.float32(rstd_in[_ix(i)])  # the forward's own statistic
             else:
                 rs = np.float32(1.0) / math.sqrt(ss / np.float32(kf) + eps)  # eqs. (1)-(2)
             cc = (dh * rs) / np.float32(kf)  # eq. (6): c = (1/K) Σ dxhat·xhat
-            # pass 2: dx (eq. 7), and this thread's columns of dweight/dbias (eqs. 8-9)
+            # pass 2: dx (eq. 7), and this thread's columns of dweight/dbias (eqs. 8-9), from
+            # the held row or re-read
             for c in range(C):
                 j = tid + c * T
                 if j < n:
-                    h = h_at(x, r, i, j)
-                    g_j = lddy(dy[i, j])
-                    wj = (offset + ldw(w[j])) if has_w else scale
-                    xhat = h * rs  # eq. (3)
-                    dxhat = g_j * wj  # eq. (5)
-                    if j < kf:
-                        dxj = rs * (dxhat - xhat * cc)  # eq. (7): direct term − projection
+                    if held:
+                        h, g_j, wj = hrow[c], grow[c], wrow[c]
                     else:
-                        dxj = rs * dxhat  # features past K do not feed the statistic
-                    if has_dro:
-                        dxj = dxj + lddro(dro[i, j])  # h also feeds new_residual
-                    dx[i, j] = stdx(dxj)
-                    if has_r:
-                        dr[i, j] = stdr(dxj)
+                        h, g_j = h_at(x, r, i, j), lddy(dy[_ix(i), _ix(j)])
+                        wj = w_at(w, j, scale, offset)
+                    store_dx(dro, dx, dr, i, j, dx_at(h, g_j, wj, rs, cc, j, kf))
                     if has_w:
-                        dw_acc[c] += g_j * xhat  # eq. (8), this block's rows only
+                        dw_acc[c] += g_j * (h * rs)  # eq. (8), this block's rows only
                     if has_b:
                         db_acc[c] += g_j  # eq. (9)
         # this block's partial rows: written once, read by stage 2 in a fixed order
@@ -628,9 +818,9 @@ def _backward_kernel(o: BackwardOptions):
             j = tid + c * T
             if j < n:
                 if has_w:
-                    pw[b, j] = dw_acc[c]
+                    pw[_ix(b), _ix(j)] = dw_acc[c]
                 if has_b:
-                    pb[b, j] = db_acc[c]
+                    pb[_ix(b), _ix(j)] = db_acc[c]
 
     return backward_block
 
@@ -647,8 +837,8 @@ def _column_sum_kernel(kout: int):
         if j < n:
             s = np.float32(0.0)
             for b in range(part.shape[0]):
-                s += part[b, j]
-            out[j] = st(s)
+                s += part[_ix(b), _ix(j)]
+            out[_ix(j)] = st(s)
 
     return column_sum
 
@@ -912,7 +1102,8 @@ def _forward_prepare(call: _Call, inputs: NormInputs, ops: _Operands, y_kind: in
     if m > 0:
         options = ForwardOptions(variant=plan.variant, threads=plan.threads, x=ops.x.kind,
                                  y=y_kind, weight=ops.kind("weight"), bias=ops.kind("bias"),
-                                 residual=residual_kind, rounded=rounded)
+                                 residual=residual_kind, rounded=rounded,
+                                 cols=plan.cols_per_thread if plan.held else 0)
         args = (ops.x.dev, ops.dev("residual", 2), ops.dev("weight", 1), ops.dev("bias", 1), y,
                 _dummy(2) if rout is None else rout, rstd, n, inputs.k_feat,
                 np.float32(inputs.eps), np.float32(1.0 + inputs.offset),
@@ -948,7 +1139,7 @@ def _backward_prepare(call: _Call, inputs: NormInputs, ops: _Operands, rounded: 
                                   dy=ops.others["dy"].kind, weight=ops.kind("weight"),
                                   bias=has_b, residual=residual_kind,
                                   dresidual_out=ops.kind("dresidual_out"), rounded=rounded,
-                                  saved_rstd=ops.rstd is not None)
+                                  saved_rstd=ops.rstd is not None, held=plan.held)
         args = (ops.others["dy"].dev, ops.x.dev, ops.dev("residual", 2), ops.dev("weight", 1),
                 ops.dev("dresidual_out", 2), _dummy(1) if ops.rstd is None else ops.rstd,
                 dx, _dummy(2) if dr is None else dr, _dummy(2) if pw is None else pw,

@@ -245,15 +245,30 @@ def test_context_manager_forces_launch(kcuda, rng):
 
 
 def test_launch_plan_rules(kcuda):
-    """The documented choices: T = pow2 >= N/8 in [32, 1024]; G = min(M, 1024); C = ceil(N/T)."""
+    """The documented choices: T = pow2 >= N/8 in [32, 1024]; G = min(M, 1024); C = ceil(N/T);
+    the row held in registers up to C = min(32, 8192 / T) forward, min(16, 512 / T) backward."""
     for n, t in ((1, 32), (256, 32), (257, 64), (4096, 512), (8192, 1024), (16384, 1024)):
         assert kcuda.plan_backward(n, 7).threads == t
+        c = -(-n // t)
         if n > 1024:
-            assert kcuda.plan_forward(n, 7) == kcuda.Plan("block", t, 1, 7)
+            assert kcuda.plan_forward(n, 7) == kcuda.Plan("block", t, 1, 7, c, c <= 8192 // t)
         assert kcuda.plan_forward(n, 7, kcuda.Launch(variant="block")).threads == t
+        assert kcuda.plan_backward(n, 7).held == (c <= min(16, 512 // t))
     assert kcuda.plan_backward(16384, 5000).blocks == 1024
     assert kcuda.plan_backward(16384, 5000).cols_per_thread == 16
-    assert kcuda.plan_forward(512, 100) == kcuda.Plan("warp", 256, 8, 13)  # ceil(100 / 8)
+    assert kcuda.plan_backward(512, 5).held  # T = 64, C = 8
+    assert not kcuda.plan_backward(1024, 5).held  # T = 128, C = 8
+    assert kcuda.plan_forward(4096, 5).held  # T = 512, C = 8
+    assert kcuda.plan_forward(8192, 5).held  # T = 1024, C = 8
+    assert not kcuda.plan_forward(16384, 5).held  # C = 16 > 8192 / 1024
+    assert kcuda.plan_forward(512, 100) == kcuda.Plan("warp", 256, 8, 13, 16, True)
+    assert kcuda.plan_forward(1024, 100).cols_per_thread == 32  # a warp per row: C = N / 32
+    assert kcuda.plan_forward(1024, 100).held
+    assert not kcuda.plan_forward(4096, 1, kcuda.Launch(held=False)).held
+    assert kcuda.plan_backward(16384, 1, kcuda.Launch(held=True)).held
+    assert not kcuda.plan_backward(16384, 1, kcuda.Launch(threads=32)).held  # C = 512
+    with pytest.raises(TypeError, match="held must be"):
+        kcuda.plan_forward(33, 1, kcuda.Launch(held="yes"))
     assert kcuda.plan_forward(1025, 100).variant == "block"
     with pytest.raises(ValueError, match="multiple of 32"):
         kcuda.plan_forward(33, 1, kcuda.Launch(variant="warp", threads=16))
@@ -311,6 +326,74 @@ def test_warp_variant_emulated(kcuda, rng, dname):
             h = _residual_sum(x, res, "fp32-sum", F64)
             _assert_close("y", y2, Reference(h, (n,), w, eps), model, label="add y")
             _assert_rounded("new_residual", r2, h, dtype, roundings=2)
+
+
+@pytest.mark.parametrize("variant", ["block", "warp"])
+def test_held_rows_same_bits_as_reread(kcuda, rng, variant):
+    """A row held in registers between the passes gives the bits of the row read twice: the
+    forward (plain, and the fused add with weight, bias, offset and partial), the backward with
+    and without a saved rstd (weight, bias, the fused add's dresidual_out). N = 70 over 32
+    threads: C = 3 with a tail, and dw_blocks = 2 so a block holds several rows in turn."""
+    m, n = 3, 70
+    x = rng.standard_normal((m, n)).astype(bfloat16)
+    res = rng.standard_normal((m, n)).astype(np.float32)
+    dy = rng.standard_normal((m, n)).astype(bfloat16)
+    dro = rng.standard_normal((m, n)).astype(np.float32)
+    w = (1.0 + 0.5 * rng.standard_normal(n)).astype(bfloat16)
+    b = rng.standard_normal(n).astype(bfloat16)
+
+    def run(held: bool) -> list[np.ndarray]:
+        launch = kcuda.Launch(threads=32, variant=variant, dw_blocks=2, held=held)
+        assert kcuda.plan_forward(n, m, launch).held is held
+        assert kcuda.plan_backward(n, m, launch).held is held
+        y, rstd = kcuda.rms_norm_forward(x, n, w, bias=b, offset=0.5, partial=0.6,
+                                         launch=launch)
+        g = kcuda.rms_norm_backward(dy, x, n, w, bias=b, offset=0.5, partial=0.6,
+                                    launch=launch)
+        g_saved = kcuda.rms_norm_backward(dy, x, n, w, rstd=rstd, bias=b, offset=0.5,
+                                          partial=0.6, launch=launch)
+        y2, r2, rstd2 = kcuda.add_rms_norm_forward(x, res, n, w, launch=launch)
+        g2 = kcuda.add_rms_norm_backward(dy, dro, x, res, n, w, rstd=rstd2, launch=launch)
+        return [y, rstd, g.dx, g.dweight, g.dbias, g_saved.dx, g_saved.dweight, y2, r2, rstd2,
+                g2.dx, g2.dresidual, g2.dweight]
+
+    names = ["y", "rstd", "dx", "dweight", "dbias", "dx (saved rstd)", "dweight (saved rstd)",
+             "add y", "new_residual", "add rstd", "add dx", "dresidual", "add dweight"]
+    for name, held, reread in zip(names, run(True), run(False), strict=True):
+        assert held.tobytes() == reread.tobytes(), f"{name}: held and re-read rows differ"
+
+
+@pytest.mark.skipif(
+    os.environ.get("NUMBA_ENABLE_CUDASIM") != "1",
+    reason="on a GPU, a·a + acc contracts to one fma; this emulation rounds twice as the "
+    "simulator does",
+)
+@pytest.mark.parametrize("threads", [16, 32, 64, 128])
+def test_block_sum_is_the_documented_tree(kcuda, rng, threads):
+    """rstd's bits are those of the documented order: thread t sums h_j² for j = t, t+T, …;
+    then the halving tree (slot t += slot t+s, s = T/2 … 1), whose last five steps run as a
+    warp butterfly from T = 32 on. Emulated here in NumPy float32, step by step."""
+    import math
+
+    m, n = 4, 300
+    x = rng.standard_normal((m, n)).astype(np.float32)
+    eps = np.float32(1e-5)
+    _, rstd = kcuda.rms_norm_forward(x, n, eps=1e-5,
+                                     launch=kcuda.Launch(threads=threads, variant="block"))
+    for i in range(m):
+        slots = []
+        for t in range(threads):
+            acc = np.float32(0.0)
+            for j in range(t, n, threads):
+                acc = np.float32(acc + np.float32(x[i, j] * x[i, j]))
+            slots.append(acc)
+        s = threads // 2
+        while s >= 1:
+            for t in range(s):
+                slots[t] = np.float32(slots[t] + slots[t + s])
+            s //= 2
+        want = np.float32(np.float32(1.0) / math.sqrt(slots[0] / np.float32(n) + eps))
+        assert rstd[i, 0].tobytes() == want.tobytes(), f"row {i}: {rstd[i, 0]!r} != {want!r}"
 
 
 def test_device_arrays_in_place(kcuda, rng):
