@@ -29,9 +29,9 @@ held rows          (``Launch.held``; both variants, and the backward) each threa
                    them: the loop over them is unrolled (C is a compile-time constant), every load
                    is issued before the first is used, and offset + w (and b) are loaded before
                    the reduction, so their latency hides behind it. Same operations in the same
-                   order as the re-read row: the same bits in the simulator (``tests/cudasim``).
-                   On a GPU the two are compiled apart, and the compiler could fuse a multiply
-                   and an add in one and not the other; their bits there were not compared.
+                   order as the re-read row: the same bits (``tests/cudasim``, in the simulator
+                   and on an H200). The two are compiled apart, so on a GPU the compiler could
+                   in principle fuse a multiply and an add in one and not the other.
 forward ``warp``   as ``block``, but one 32-lane warp per row and T/32 rows per block; the sum is
                    a butterfly of ``shfl_xor_sync`` (no shared memory, no block barrier). For
                    N ≤ 1024, where a block per row would leave most threads idle. The simulator
