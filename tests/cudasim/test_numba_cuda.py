@@ -365,8 +365,8 @@ def test_held_rows_same_bits_as_reread(kcuda, rng, variant):
 
 @pytest.mark.skipif(
     os.environ.get("NUMBA_ENABLE_CUDASIM") != "1",
-    reason="on a GPU, a·a + acc contracts to one fma; this emulation rounds twice as the "
-    "simulator does",
+    reason="simulator only (NUMBA_ENABLE_CUDASIM=1): the emulation rounds a·a + acc twice, as "
+    "the simulator does, where a GPU fuses them into one fma",
 )
 @pytest.mark.parametrize("threads", [16, 32, 64, 128])
 def test_block_sum_is_the_documented_tree(kcuda, rng, threads):
