@@ -753,6 +753,13 @@ def _backward_kernel(o: BackwardOptions):
         if has_r:
             dr[_ix(i), _ix(j)] = stdr(dxj)
 
+    @cuda.jit(device=True)
+    def operands(x, r, dy, w, i, j, c, hrow, grow, wrow, scale, offset):
+        """h_j, dy_j and offset + w_j: from the held row, or read (again) from memory."""
+        if held:
+            return hrow[c], grow[c], wrow[c]
+        return h_at(x, r, i, j), lddy(dy[_ix(i), _ix(j)]), w_at(w, j, scale, offset)
+
     @_kernel_jit(T)
     def backward_block(dy, x, r, w, dro, rstd_in, dx, dr, pw, pb, m, n, kf, eps, scale,
                        offset):
@@ -783,11 +790,7 @@ def _backward_kernel(o: BackwardOptions):
             for c in range(C):
                 j = tid + c * T
                 if j < n:
-                    if held:
-                        h, g_j, wj = hrow[c], grow[c], wrow[c]
-                    else:
-                        h, g_j = h_at(x, r, i, j), lddy(dy[_ix(i), _ix(j)])
-                        wj = w_at(w, j, scale, offset)
+                    h, g_j, wj = operands(x, r, dy, w, i, j, c, hrow, grow, wrow, scale, offset)
                     a_dh += (g_j * wj) * h  # dxhat_j·h_j, eq. (5)
                     if j < kf and not has_rstd:
                         a_ss += h * h
@@ -802,11 +805,7 @@ def _backward_kernel(o: BackwardOptions):
             for c in range(C):
                 j = tid + c * T
                 if j < n:
-                    if held:
-                        h, g_j, wj = hrow[c], grow[c], wrow[c]
-                    else:
-                        h, g_j = h_at(x, r, i, j), lddy(dy[_ix(i), _ix(j)])
-                        wj = w_at(w, j, scale, offset)
+                    h, g_j, wj = operands(x, r, dy, w, i, j, c, hrow, grow, wrow, scale, offset)
                     store_dx(dro, dx, dr, i, j, dx_at(h, g_j, wj, rs, cc, j, kf))
                     if has_w:
                         dw_acc[c] += g_j * (h * rs)  # eq. (8), this block's rows only
