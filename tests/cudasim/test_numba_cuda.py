@@ -328,19 +328,21 @@ def test_warp_variant_emulated(kcuda, rng, dname):
             _assert_rounded("new_residual", r2, h, dtype, roundings=2)
 
 
-@pytest.mark.parametrize("variant", ["block", "warp"])
-def test_held_rows_same_bits_as_reread(kcuda, rng, variant):
+@pytest.mark.parametrize("variant,dname", [("block", "bf16"), ("warp", "bf16"),
+                                           ("block", "f16"), ("warp", "f32")])
+def test_held_rows_same_bits_as_reread(kcuda, rng, variant, dname):
     """A row held in registers between the passes gives the bits of the row read twice: the
     forward (plain, and the fused add with weight, bias, offset and partial), the backward with
     and without a saved rstd (weight, bias, the fused add's dresidual_out). N = 70 over 32
     threads: C = 3 with a tail, and dw_blocks = 2 so a block holds several rows in turn."""
     m, n = 3, 70
-    x = rng.standard_normal((m, n)).astype(bfloat16)
+    dtype = DT[dname]
+    x = rng.standard_normal((m, n)).astype(dtype)
     res = rng.standard_normal((m, n)).astype(np.float32)
-    dy = rng.standard_normal((m, n)).astype(bfloat16)
+    dy = rng.standard_normal((m, n)).astype(dtype)
     dro = rng.standard_normal((m, n)).astype(np.float32)
-    w = (1.0 + 0.5 * rng.standard_normal(n)).astype(bfloat16)
-    b = rng.standard_normal(n).astype(bfloat16)
+    w = (1.0 + 0.5 * rng.standard_normal(n)).astype(dtype)
+    b = rng.standard_normal(n).astype(dtype)
 
     def run(held: bool) -> list[np.ndarray]:
         launch = kcuda.Launch(threads=32, variant=variant, dw_blocks=2, held=held)
