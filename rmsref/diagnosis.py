@@ -742,8 +742,8 @@ def fit_eps(obs_list: Sequence[Observation], h: Hypothesis) -> float | None:
             continue
         b = obs.xrows - np.mean(obs.xrows, axis=1, keepdims=True) if h.centre_stat else obs.xrows
         d = {"N": obs.n, "N-1": max(obs.n - 1, 1), "1": 1}[h.divisor]
-        s = np.sum(b * b, axis=1, keepdims=True) / d
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"):  # rows with |x| > ~1e154 overflow s: left out below
+            s = np.sum(b * b, axis=1, keepdims=True) / d
             e = (1.0 / r - np.sqrt(s)) if h.eps_outside else (1.0 / (r * r) - s)
             # only rows where eps is a visible part of the statistic pin it down
             e = e[np.isfinite(e) & (np.abs(e) > 1e-3 * s)]

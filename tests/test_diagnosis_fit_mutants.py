@@ -11,6 +11,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+import rmsref
 from rmsref import diagnosis
 from rmsref import tolerance as tol
 from rmsref._shapes import bfloat16
@@ -95,6 +96,23 @@ def test_fit_eps_uses_only_rows_where_eps_is_visible(rng):
     assert abs(v - 1e-5) <= 1e-9 * 1e-5
     # the big rows alone carry no eps at all
     assert diagnosis.fit_eps(cases[1:], diagnosis.CORRECT) is None
+
+
+def test_fit_eps_on_rows_whose_squares_overflow_warns_nothing(rng):
+    """Rows of |x| ~ 1e160 (x² overflows float64; the oracle's output for them, which is right)
+    next to rows that pin eps: the fit leaves the huge rows out without a RuntimeWarning
+    reaching the caller, and still finds the eps."""
+    import warnings
+
+    small = 1e-2 * rng.standard_normal((4, 64))
+    huge = 1e160 * rng.standard_normal((2, 64))
+    w = 1 + 0.25 * rng.standard_normal(64)
+    cases = [observe(rms64(small, w, 1e-5), small, 64, w, eps=1e-6),
+             observe(rmsref.rms_norm(huge, 64, w, 1e-6), huge, 64, w, eps=1e-6)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        v = diagnosis.fit_eps(cases, diagnosis.CORRECT)
+    assert abs(v - 1e-5) <= 1e-9 * 1e-5
 
 
 @pytest.mark.parametrize("ms_scale", [1e-6, 1e-4, 1e-3])
