@@ -598,6 +598,7 @@ def _forward_kernel(o: ForwardOptions):
 
     @cuda.jit(device=True)
     def bias_at(b, j):
+        """b_j, eq. (4)'s bias (0 without one, and then not added)."""
         return ldb(b[_ix(j)]) if has_b else np.float32(0.0)
 
     @cuda.jit(device=True)
