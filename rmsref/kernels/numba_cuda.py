@@ -582,19 +582,27 @@ def _h_loader(x_kind: int, residual_kind: int | None, rounded: bool):
     return h_at
 
 
+def _factor_loader(weight_kind: int | None):
+    """Device function f(w, j, scale, offset) -> offset + w_j, the factor of eqs. (4) and (5)
+    (scale = 1 + offset when there is no weight)."""
+    ldw, has_w = _load(weight_kind), weight_kind is not None
+
+    @cuda.jit(device=True)
+    def factor_at(w, j, scale, offset):
+        return (offset + ldw(w[_ix(j)])) if has_w else scale
+
+    return factor_at
+
+
 @functools.cache
 def _forward_kernel(o: ForwardOptions):
     """The forward kernel (``o.variant``: "block" or "warp") built for ``o``."""
     h_at = _h_loader(o.x, o.residual, o.rounded)
-    ldw, ldb, sty, stro = _load(o.weight), _load(o.bias), _STORE[o.y], _store(o.residual)
-    has_w, has_b, has_r = o.weight is not None, o.bias is not None, o.residual is not None
+    factor_at = _factor_loader(o.weight)
+    ldb, sty, stro = _load(o.bias), _STORE[o.y], _store(o.residual)
+    has_b, has_r = o.bias is not None, o.residual is not None
     T, held = o.threads, o.cols > 0
     C = max(o.cols, 1)  # the row elements one thread holds (a compile-time constant)
-
-    @cuda.jit(device=True)
-    def factor_at(w, j, scale, offset):
-        """offset + w_j, eq. (4)'s factor (scale = 1 + offset without a weight)."""
-        return (offset + ldw(w[_ix(j)])) if has_w else scale
 
     @cuda.jit(device=True)
     def bias_at(b, j):
@@ -725,16 +733,12 @@ def _forward_kernel(o: ForwardOptions):
 def _backward_kernel(o: BackwardOptions):
     """Backward stage 1 built for ``o``: T = ``o.threads``, C = ``o.cols`` per thread."""
     h_at = _h_loader(o.x, o.residual, o.rounded)
-    ldw, lddy, lddro = _load(o.weight), _LOAD[o.dy], _load(o.dresidual_out)
+    factor_at = _factor_loader(o.weight)
+    lddy, lddro = _LOAD[o.dy], _load(o.dresidual_out)
     stdx, stdr = _STORE[o.x], _store(o.residual)
     has_w, has_b, has_r = o.weight is not None, o.bias, o.residual is not None
     has_dro, has_rstd, held = o.dresidual_out is not None, o.saved_rstd, o.held
     T, C = o.threads, o.cols
-
-    @cuda.jit(device=True)
-    def w_at(w, j, scale, offset):
-        """offset + w_j, eq. (5)'s factor (scale = 1 + offset without a weight)."""
-        return (offset + ldw(w[_ix(j)])) if has_w else scale
 
     @cuda.jit(device=True)
     def dx_at(h, g_j, wj, rs, cc, j, kf):
@@ -759,7 +763,7 @@ def _backward_kernel(o: BackwardOptions):
         """h_j, dy_j and offset + w_j: from the held row, or read (again) from memory."""
         if held:
             return hrow[c], grow[c], wrow[c]
-        return h_at(x, r, i, j), lddy(dy[_ix(i), _ix(j)]), w_at(w, j, scale, offset)
+        return h_at(x, r, i, j), lddy(dy[_ix(i), _ix(j)]), factor_at(w, j, scale, offset)
 
     @_kernel_jit(T)
     def backward_block(dy, x, r, w, dro, rstd_in, dx, dr, pw, pb, m, n, kf, eps, scale,
@@ -778,7 +782,7 @@ def _backward_kernel(o: BackwardOptions):
             db_acc[c] = np.float32(0.0)
             if held:
                 j = tid + c * T
-                wrow[c] = w_at(w, j, scale, offset) if j < n else np.float32(0.0)
+                wrow[c] = factor_at(w, j, scale, offset) if j < n else np.float32(0.0)
         for i in range(cuda.blockIdx.x, m, g):
             # pass 1: Σ_{j<K} h_j² (eq. 1) and Σ_j dxhat_j·h_j (eq. 6 before scaling by rstd/K)
             a_ss = np.float32(0.0)
