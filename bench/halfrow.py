@@ -18,6 +18,9 @@ this script takes the memory out (two rows of x and dy, a weight row and an outp
 - add fwd row, add bwd row: the fused residual add's pipelined rows (``_add_write_and_sumsq``,
   ``_add_dh_and_dot``; h = x + r in float64, no dresidual_out): two inputs and two outputs
   per element where RMSNorm has one of each.
+- fwd kernel, bwd kernel: the whole default forward (``_rms_fwd_v4``) and backward with a
+  saved rstd (``_rms_bwd_pipelined``) on a batch of rows that stays in cache (``in_cache``),
+  per-row work included; ``bench/cpu.py`` sets these against the copy's time per element.
 
 Each helper is compiled as the kernels compile it (``_wide_vectors_for``: 512-bit vectors for
 half rows). Times are the minimum over interleaved rounds (the machine may be shared), in ns
@@ -104,6 +107,66 @@ def _kernels():
     return sumsq, encode_exact, fwd_row, write_row, bwd_row, add_fwd_row, add_bwd_row
 
 
+def _kernel_loops():
+    """The default RMSNorm kernels themselves, called ``reps`` times from compiled code (no
+    Python call in the timing): the forward (``_rms_fwd_v4``) and the backward with a saved
+    rstd (``_rms_bwd_pipelined``), each on every row of its arrays, on one thread."""
+    from numba import njit
+
+    opts = {"nogil": True, "error_model": "numpy"}
+
+    @njit(**opts)
+    def fwd(x3, w, y3, rstd_out, reps):
+        blocks = -(-x3.shape[1] // K.ROWS_PER_BLOCK)
+        for _ in range(reps):
+            K._rms_fwd_v4(x3, w, w, False, x3.shape[2], 1e-6, y3, rstd_out, 0, blocks)
+
+    @njit(**opts)
+    def bwd(g3, x3, w, rstd, dx3, parts, reps):
+        for _ in range(reps):
+            K._rms_bwd_pipelined(g3, x3, w, rstd, dx3, parts, 0, parts.shape[0])
+
+    return fwd, bwd
+
+
+#: Bytes of the arrays a kernel works on in ``in_cache`` (x, dy, dx): well inside L2 (the
+#: machines we run on have 1-2 MiB per core), large enough for whole parts of the backward.
+IN_CACHE_BYTES = 1 << 19
+
+
+def in_cache(dtype: np.dtype, n: int, reps: int, rounds: int) -> dict[str, float]:
+    """ns per element, one thread, of the whole default forward and backward kernels on a batch
+    small enough to stay in cache: what each element costs in arithmetic, conversions and
+    per-row work when memory costs nothing. ``bench/cpu.py`` sets it against the copy's time
+    per element to tell which targets better overlap could meet and which need less
+    arithmetic."""
+    fwd, bwd = _kernel_loops()
+    rows = max(16, IN_CACHE_BYTES // (3 * n * np.dtype(dtype).itemsize))
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((rows, n)).astype(dtype)
+    x3 = K._bits(x.reshape(1, rows, n))
+    g3 = K._bits(rng.standard_normal((1, rows, n)).astype(dtype))
+    out3 = np.empty_like(x3)
+    w = 1.0 + 0.1 * rng.standard_normal(n)
+    rstd_out = np.empty(rows, K._stat_dtype(np.dtype(dtype)))
+    rstd = 1.0 / np.sqrt(np.mean(np.square(x.astype(np.float64)), axis=1) + 1e-6)
+    parts = np.empty((-(-rows // K.ROWS_PER_PART), n))
+    calls = {
+        "fwd kernel": lambda r: fwd(x3, w, out3, rstd_out, r),
+        "bwd kernel": lambda r: bwd(g3, x3, w, rstd, out3, parts, r),
+    }
+    for call in calls.values():
+        call(1)  # compile
+    reps = max(2, reps // rows)  # calls per timing: about ``reps`` rows, as ``measure``
+    best = dict.fromkeys(calls, float("inf"))
+    for _ in range(rounds):
+        for name, call in calls.items():
+            t0 = time.perf_counter()
+            call(reps)
+            best[name] = min(best[name], (time.perf_counter() - t0) / (rows * n * reps) * 1e9)
+    return best
+
+
 def measure(dtype: np.dtype, n: int, reps: int, rounds: int) -> dict[str, float]:
     """ns per element of each helper for ``dtype`` rows of length n (minimum over rounds)."""
     sumsq, encode_exact, fwd_row, write_row, bwd_row, add_fwd_row, add_bwd_row = _kernels()
@@ -146,6 +209,7 @@ def main() -> None:
     print(f"ns per element, one thread, in cache, N = {args.n}, min of {args.rounds} rounds; "
           f"load average {os.getloadavg()[0]:.2f}")
     rows = {name: measure(dtypes[name], args.n, args.reps, args.rounds)
+               | in_cache(dtypes[name], args.n, args.reps, args.rounds)
             for name in args.dtypes.split(",")}
     cols = list(next(iter(rows.values())))
     print("| dtype | " + " | ".join(cols) + " |")

@@ -6,6 +6,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("numba", reason="bench/cpu.py times the Numba kernels (pip install numba)")
@@ -37,10 +38,12 @@ def test_quick_run_writes_a_table(tmp_path):
     assert bench.OUT_FWD in text and bench.OUT_BWD in text
     assert "float32:64x96 fwd: out= " in text and "float32:64x96 bwd: out= " in text
     assert "parallel copy (prange)" in text
-    for name in (bench.LN_FWD, bench.LN_BWD, bench.ADD_FWD, bench.ADD_BWD):
+    for name in (bench.LN_FWD, bench.LN_BWD, bench.LN_OUT_FWD, bench.LN_OUT_BWD,
+                 bench.ADD_FWD, bench.ADD_BWD):
         assert f"| float32:64x96 | {name} | " in text, name
     assert "RMSNorm/LayerNorm time ratio (fwd)" in text
-    assert "- float32:64x96 RMSNorm/LayerNorm time ratio, default kernels of each: fwd " in text
+    assert ("- float32:64x96 RMSNorm/LayerNorm time ratio, default kernels of each, out=: fwd "
+            in text)
     assert "REFUSED" not in text, text
 
 
@@ -64,21 +67,61 @@ def _fake_defaults(bench):
     return [f, b]
 
 
-def test_layer_norm_ratio_uses_the_default_kernels():
-    """The RMSNorm/LayerNorm ratio divides the default RMSNorm kernels' times by LayerNorm's."""
+def test_layer_norm_ratio_uses_the_default_kernels_called_with_out():
+    """The RMSNorm/LayerNorm ratio divides the default RMSNorm kernels' ``out=`` times by
+    LayerNorm's ``out=`` times; the allocating calls, whose time varies with the OS, and older
+    variants do not enter it."""
     bench = _load_bench()
     copy, copy_new = (bench.Candidate(n, "copy", lambda: None, 8) for n in ("c", "c new"))
     old = bench.Candidate("numba rms_norm fwd v2", "fwd", lambda: None, 8)
-    ln_f = bench.Candidate(bench.LN_FWD, "fwd", lambda: None, 8)
+    out_f = bench.Candidate(bench.OUT_FWD, "fwd", lambda: None, 8)
+    out_b = bench.Candidate(bench.OUT_BWD, "bwd", lambda: None, 8)
+    ln_f = bench.Candidate(bench.LN_FWD, "fwd", lambda: None, 8)  # allocating: ignored
     ln_b = bench.Candidate(bench.LN_BWD, "bwd", lambda: None, 8)
-    for c, t in ((copy, 1.0), (copy_new, 1.0), (old, 9.0), (ln_f, 4.0), (ln_b, 8.0)):
+    ln_out_f = bench.Candidate(bench.LN_OUT_FWD, "fwd", lambda: None, 8)
+    ln_out_b = bench.Candidate(bench.LN_OUT_BWD, "bwd", lambda: None, 8)
+    for c, t in ((copy, 1.0), (copy_new, 1.0), (old, 9.0), (out_f, 1.0), (out_b, 2.0),
+                 (ln_f, 40.0), (ln_b, 80.0), (ln_out_f, 4.0), (ln_out_b, 16.0)):
         c.times = [t, t]
-    rows = bench.summarise("t", [copy, copy_new, old, *_fake_defaults(bench), ln_f, ln_b])
+    rows = bench.summarise("t", [copy, copy_new, old, *_fake_defaults(bench), out_f, out_b,
+                                 ln_f, ln_b, ln_out_f, ln_out_b])
     ratios = {r["name"]: r["value"] for r in rows if r["kind"] == "ratio"}
     assert ratios == {"RMSNorm/LayerNorm time ratio (fwd)": 0.25,
                       "RMSNorm/LayerNorm time ratio (bwd)": 0.125}
-    assert "- t RMSNorm/LayerNorm time ratio, default kernels of each: fwd 0.25, bwd 0.12" in (
-        bench.targets(rows))
+    assert ("- t RMSNorm/LayerNorm time ratio, default kernels of each, out=: fwd 0.25, "
+            "bwd 0.12") in bench.targets(rows)
+
+
+def test_overlap_model_under_each_target():
+    """The in-cache arithmetic a against the copy's time per element on a thread c gives the
+    two bounds max(1, a/c) (full overlap) and 1 + a/c (none), and which one the target needs."""
+    bench = _load_bench()
+    copy = bench.Candidate("c", "copy", lambda: None, 4000, baseline="out")
+    copy.times = [1e-6, 2e-6]  # B = 4e9 and 2e9 bytes/s: median 3e9
+    fwd, bwd = _fake_defaults(bench)
+    fwd.nbytes, bwd.nbytes = 3000, 6000  # 1 and 2 ns per element at B, for 1000 elements
+    rows = bench.arithmetic_rows("t", [copy, fwd, bwd], {"fwd kernel": 0.5, "bwd kernel": 6.0},
+                                 1000, 2)
+    by = {r["label"]: r for r in rows}
+    assert by["fwd"]["copy_ns"] == pytest.approx(2.0) and by["bwd"]["copy_ns"] == pytest.approx(4.0)
+    # fwd: a/c = 0.25: full overlap 1.00x, none 1.25x
+    assert "0.25x the copy's 2.000 ns" in bench._overlap_model(by["fwd"], 1.25)
+    assert "full overlap would give 1.00x the copy, none 1.25x" in bench._overlap_model(
+        by["fwd"], 1.25)
+    assert bench._overlap_model(by["fwd"], 1.25).endswith("within reach even with no overlap")
+    assert bench._overlap_model(by["fwd"], 1.2).endswith(
+        "within reach only where the arithmetic overlaps the memory")
+    # bwd: a/c = 1.5: even full overlap gives 1.5x
+    assert bench._overlap_model(by["bwd"], 1.4).endswith(
+        "out of reach with this arithmetic per element")
+    new = bench.Candidate("c new", "copy", lambda: None, 4000, baseline="new")
+    out_f = bench.Candidate(bench.OUT_FWD, "fwd", lambda: None, 3000)
+    out_b = bench.Candidate(bench.OUT_BWD, "bwd", lambda: None, 6000)
+    new.times, out_f.times, out_b.times = [2e-6, 2e-6], [1e-6, 1e-6], [2e-6, 2e-6]
+    lines = bench.targets([*bench.summarise("t", [copy, new, fwd, bwd, out_f, out_b]), *rows])
+    at = [i for i, line in enumerate(lines) if line.startswith("- t fwd: out= ")][0]
+    assert lines[at + 1].startswith("  arithmetic in cache 0.500 ns per element")
+    assert lines[at + 3].startswith("  arithmetic in cache 6.000 ns per element")
 
 
 def test_the_copy_bandwidth_is_the_faster_copy_of_each_round():
@@ -122,3 +165,12 @@ def test_a_quick_run_leaves_the_committed_results_alone(tmp_path, monkeypatch):
                        "--no-oracle"]) == 0
     assert (tmp_path / "quick-cpu.md").read_text().startswith("# bench/cpu.py")
     assert {p.name: p.stat().st_mtime_ns for p in results.glob("cpu*")} == before
+
+
+@pytest.mark.slow  # compiles the default float32 kernels' loops
+def test_in_cache_times_the_default_kernels():
+    from bench.halfrow import in_cache
+
+    got = in_cache(np.dtype(np.float32), 128, reps=4, rounds=1)
+    assert set(got) == {"fwd kernel", "bwd kernel"}
+    assert all(0.0 < v < 1e4 for v in got.values()), got
