@@ -174,3 +174,16 @@ def test_in_cache_times_the_default_kernels():
     got = in_cache(np.dtype(np.float32), 128, reps=4, rounds=1)
     assert set(got) == {"fwd kernel", "bwd kernel"}
     assert all(0.0 < v < 1e4 for v in got.values()), got
+
+
+@pytest.mark.slow  # compiles the four default float32 kernels
+def test_slow_state_reproducer_runs(capsys):
+    """bench/slow_state.py times the kernels round by round and checks their bits each round."""
+    from bench.slow_state import main
+
+    assert main(["--seconds", "0.2", "--no-sleep", "--n", "128", "--rows", "16",
+                 "--calls", "2"]) == 0
+    out = capsys.readouterr().out
+    for name in ("LayerNorm bwd", "RMSNorm bwd", "LayerNorm fwd", "RMSNorm fwd"):
+        assert f"{name} " in out, name
+    assert "rounds with a kernel over 2x its first reading: " in out
