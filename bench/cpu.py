@@ -31,10 +31,10 @@ so every ratio is taken inside a round and the median over rounds is reported):
   first: the like-for-like comparison with the preallocated parallel copy.
 - the RMSNorm/LayerNorm time ratio compares the default kernels of each (forward and backward),
   which are written the same way (64 vectorised lanes, pipelined blocks of rows), both called
-  with ``out=``: an allocating call pays for fresh pages, whose cost on a virtual machine varies
-  from call to call (one run read the float32 LayerNorm backward at 241 ms allocating where
-  it takes 35-40 ms), which made the ratio read 0.13. It is printed under the table with the
-  targets.
+  with ``out=``, so that the cost of fresh pages, which varies from call to call on a virtual
+  machine, enters neither. It is printed under the table with the targets. (The LayerNorm
+  backward also has a slow state on the machine we run on, with ``out=`` too: see
+  ``bench/slow_state.py``.)
 
 Bytes moved (s = element size of x, s_w of the weight, s_r of rstd; M rows, N features):
     forward   read x, write y, read w, write rstd:          2·M·N·s + N·s_w + M·s_r
@@ -338,10 +338,9 @@ def _out_candidates(nb, x, dy, w, rstd, fwd_bytes, bwd_bytes, stat_bytes) -> lis
     """The default RMSNorm and LayerNorm forwards and backwards called with ``out=``: y and dx
     written into arrays the caller keeps across calls (as a training loop would), so the call
     does what the preallocated parallel copy does: no allocation, no first touch of fresh pages
-    (the OS zeroes every one, and on a virtual machine the host may have to supply them: an
-    allocating call's time then varies from call to call, by up to 5x for the LayerNorm
-    backward in one run, while its ``out=`` twin does not). Checked bit for bit against the
-    allocating call first."""
+    (the OS zeroes every one, and on a virtual machine the host may have to supply them, at a
+    cost that varies from call to call). Checked bit for bit against the allocating call
+    first."""
     n = x.shape[-1]
     _, mean, ln_rstd = nb.layer_norm_forward(x, n, w)
     calls = (  # name, kind, call(out), bytes

@@ -130,7 +130,7 @@ def _kernel_loops():
 
 
 #: Bytes of the arrays a kernel works on in ``in_cache`` (x, dy, dx): well inside L2 (the
-#: machines we run on have 1-2 MiB per core), large enough for whole parts of the backward.
+#: machines we run on have 1-2 MiB per core); at least a forward block of rows either way.
 IN_CACHE_BYTES = 1 << 19
 
 
