@@ -484,8 +484,7 @@ def summarise(case: str, cands: list[Candidate]) -> list[dict]:
     """Per-candidate medians; ratios are per round (same-round copy bandwidth: the fastest
     copy of the baseline), then the median. Without baselines marked, the first two candidates
     are the preallocated and the allocating copy."""
-    outs = [c for c in cands if c.baseline == "out"] or cands[:1]
-    news = [c for c in cands if c.baseline == "new"] or cands[1:2]
+    outs, news = _baseline(cands, "out"), _baseline(cands, "new")
     by_name = {c.name: c for c in cands}
     ours_fwd = next(c for c in cands if c.name.startswith("numba rms_norm fwd") and "default"
                     in c.name)
@@ -534,7 +533,7 @@ def arithmetic_rows(case: str, cands: list[Candidate], in_cache: dict[str, float
     times the number of threads sharing B. Their ratio r bounds what overlap can do: a kernel
     that hid every memory access under its arithmetic (or the reverse) would take max(1, r)
     times the copy, one that overlapped nothing 1 + r."""
-    bw = _bandwidths([c for c in cands if c.baseline == "out"] or cands[:1])
+    bw = _bandwidths(_baseline(cands, "out"))
     rows = []
     for kind, key in (("fwd", "fwd kernel"), ("bwd", "bwd kernel")):
         ours = next((c for c in cands if c.name.startswith(f"numba rms_norm {kind} v")
@@ -546,6 +545,12 @@ def arithmetic_rows(case: str, cands: list[Candidate], in_cache: dict[str, float
                      "label": kind, "refused": None, "value": in_cache[key],
                      "copy_ns": copy_ns, "threads": threads})
     return rows
+
+
+def _baseline(cands: list[Candidate], kind: str) -> list[Candidate]:
+    """The copies that set B for ``kind`` ("out": preallocated, "new": allocating); without
+    marked baselines, the first candidate for "out" and the second for "new"."""
+    return [c for c in cands if c.baseline == kind] or (cands[:1] if kind == "out" else cands[1:2])
 
 
 def _bandwidths(copies: list[Candidate]) -> list[float]:

@@ -67,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=64, help="rows (one part of the backward)")
     p.add_argument("--calls", type=int, default=20, help="calls per timed batch")
     args = p.parse_args(argv)
+    for name in ("n", "rows", "calls"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     kernels = _kernels(args.n, args.rows)
     ref: dict[str, float] = {}
     bits: dict[str, list[np.ndarray]] = {}
@@ -81,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, (call, outs) in kernels.items():
             ms = _best_ms(call, args.calls)
             ref.setdefault(name, ms)
-            same = all(np.array_equal(o, b) for o, b in zip(outs, bits[name], strict=True))
+            same = all(np.array_equal(o.view(np.uint8), b.view(np.uint8))  # bits, NaN too
+                       for o, b in zip(outs, bits[name], strict=True))
             flag = " SLOW" if ms > 2 * ref[name] else ""
             cells.append(f"{name} {ms:.3f} ({ms / ref[name]:.1f}x){flag}"
                          + ("" if same else " BITS CHANGED"))
