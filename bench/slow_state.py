@@ -17,6 +17,7 @@ anew in the slow state was as slow, and setting FTZ/DAZ did not help: the cause 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import numpy as np
@@ -101,4 +102,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        sys.exit(main())
+    except BrokenPipeError:  # `| head`: the reader has what it wanted
+        sys.stderr.close()
+        sys.exit(0)
