@@ -13,7 +13,7 @@ call in the same process shows the run time of the small input, so the first cal
 compile (or cache load).
 
 Kernels, as ``rmsref.backend("numba_cpu")`` runs them by default:
-    fwd           rms_norm_forward                      (forward v4)
+    fwd           rms_norm_forward                      (forward v5: the pipelined kernel)
     bwd+rstd      rms_norm_backward with a saved rstd   (backward v6: the pipelined kernel)
     bwd           rms_norm_backward without one         (backward v6: rstd by ``_rms_rstd``,
                                                          then the pipelined kernel)

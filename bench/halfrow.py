@@ -18,8 +18,8 @@ this script takes the memory out (two rows of x and dy, a weight row and an outp
 - add fwd row, add bwd row: the fused residual add's pipelined rows (``_add_write_and_sumsq``,
   ``_add_dh_and_dot``; h = x + r in float64, no dresidual_out): two inputs and two outputs
   per element where RMSNorm has one of each.
-- fwd kernel, bwd kernel: the whole default forward (``_rms_fwd_v4``) and backward with a
-  saved rstd (``_rms_bwd_pipelined``) on a batch of rows that stays in cache (``in_cache``),
+- fwd kernel, bwd kernel: the whole default forward (``_rms_fwd_pipelined``) and backward
+  with a saved rstd (``_rms_bwd_pipelined``) on a batch of rows that stays in cache (``in_cache``),
   per-row work included; ``bench/cpu.py`` sets these against the copy's time per element.
 
 Each helper is compiled as the kernels compile it (``_wide_vectors_for``: 512-bit vectors for
@@ -84,7 +84,8 @@ def _kernels():
         K._wide_vectors_for(g3)  # as the kernels: 512-bit vectors for half rows
         t = 0.0
         for rep in range(reps):
-            t += K._bwd_row_and_dot(g3, x3, 0, 0, w, 1.0 + rep * 1e-9, 0.01, dx3, parts, 0, 0, 1)
+            t += K._bwd_row_and_dot(g3, x3, 0, 0, w, 1.0 + rep * 1e-9, 0.01, dx3, parts, 0, 0,
+                                    1)[0]
         return t
 
     @njit(**opts)
@@ -110,22 +111,22 @@ def _kernels():
 
 def _kernel_loops():
     """The default RMSNorm kernels themselves, called ``reps`` times from compiled code (no
-    Python call in the timing): the forward (``_rms_fwd_v4``) and the backward with a saved
+    Python call in the timing): the forward (``_rms_fwd_pipelined``) and the backward with a saved
     rstd (``_rms_bwd_pipelined``), each on every row of its arrays, on one thread."""
     from numba import njit
 
     opts = {"nogil": True, "error_model": "numpy"}
 
     @njit(**opts)
-    def fwd(x3, w, y3, rstd_out, reps):
+    def fwd(x3, w, y3, rstd_out, redo, reps):
         blocks = -(-x3.shape[1] // K.ROWS_PER_BLOCK)
         for _ in range(reps):
-            K._rms_fwd_v4(x3, w, w, False, x3.shape[2], 1e-6, y3, rstd_out, 0, blocks)
+            K._rms_fwd_pipelined(x3, w, 1e-6, y3, rstd_out, redo, 0, blocks)
 
     @njit(**opts)
-    def bwd(g3, x3, w, rstd, dx3, parts, reps):
+    def bwd(g3, x3, w, rstd, dx3, parts, redo, reps):
         for _ in range(reps):
-            K._rms_bwd_pipelined(g3, x3, w, rstd, dx3, parts, 0, parts.shape[0])
+            K._rms_bwd_pipelined(g3, x3, w, rstd, dx3, parts, redo, 0, parts.shape[0])
 
     return fwd, bwd
 
@@ -152,9 +153,10 @@ def in_cache(dtype: np.dtype, n: int, reps: int, rounds: int) -> dict[str, float
     rstd_out = np.empty(rows, K._stat_dtype(np.dtype(dtype)))
     rstd = 1.0 / np.sqrt(np.mean(np.square(x.astype(np.float64)), axis=1) + 1e-6)
     parts = np.empty((-(-rows // K.ROWS_PER_PART), n))
+    redo = np.empty(rows, np.bool_)  # rows the kernel would have written again (none here)
     calls = {
-        "fwd kernel": lambda r: fwd(x3, w, out3, rstd_out, r),
-        "bwd kernel": lambda r: bwd(g3, x3, w, rstd, out3, parts, r),
+        "fwd kernel": lambda r: fwd(x3, w, out3, rstd_out, redo, r),
+        "bwd kernel": lambda r: bwd(g3, x3, w, rstd, out3, parts, redo, r),
     }
     for call in calls.values():
         call(1)  # compile

@@ -3,7 +3,8 @@
 Reference: the oracle on the same inputs, with the tolerances of tests/test_numba_cpu.py (float32
 y: >= 99.9 % equal to the oracle's, the rest within 1 ulp; dx: the docs/tolerances.md bound
 through rmsref.comparison.compare). Every variant is checked before ``bench/cpu.py`` times it,
-and the pipelined ones (forward v4, backward v4-v6) against v3 bit for bit: they claim v3's bits.
+and the pipelined ones (forward v4-v5, backward v4-v6) against v3 bit for bit: they claim v3's
+bits.
 """
 
 from __future__ import annotations
@@ -43,9 +44,10 @@ def test_every_variant_matches_oracle(name, rng):
         else:
             _within_bound("dx", f(dy, x, n, w).dx, oracle, _model(np.float32, n, rows=m),
                           f"v{number}")
-    # the pipelined loops (v4, and the kernel of its own v5 and v6 give the common call) claim
-    # v3's bits (same lanes, same order); m = 33 rows make a part whose last row runs through
-    # that loop too
+    # the pipelined loops (v4, and the kernels of their own that forward v5 and backward v5, v6
+    # give the common call) claim v3's bits (same lanes, same order); m = 33 rows make a part
+    # whose last row runs through that loop too, and blocks of 16 rows that v5 pipelines as one
+    # run
     for number in VARIANTS[name]:
         if number < 4:
             continue

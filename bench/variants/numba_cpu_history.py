@@ -1,7 +1,7 @@
 r"""The Numba CPU RMSNorm kernels as they were written on the way to the library's defaults.
 
-``rmsref.kernels.numba_cpu`` ships only what it runs: forward v4 and backward v6 (with the v3
-loops v6 falls back to). The versions before them live here, with the library's public
+``rmsref.kernels.numba_cpu`` ships only what it runs: forward v5 and backward v6 (with the v4
+and v3 loops they fall back to). The versions before them live here, with the library's public
 signatures, so that ``bench/cpu.py`` can time each one and ``tests/test_variants.py`` can check
 each one against the oracle (and the pipelined ones against v3, bit for bit). They use the
 library's row helpers (its private names) so that the shared steps are the same code.
@@ -25,8 +25,13 @@ RMSNorm forward
         with fastmath off; the order is fixed by the code, so are the bits.
     v4  as v3, but prange runs over blocks of ``ROWS_PER_BLOCK`` = 16 rows and each block is
         pipelined: one loop writes row r's y while summing row r + 1's squares (same lanes,
-        same order: the bits of v3), so a core streams reads and writes at once. (the library's
-        default)
+        same order: the bits of v3), so a core streams reads and writes at once.
+    v5  as v4, but the common call (K = N, no bias) gets a kernel of its own
+        (``_rms_fwd_pipelined``: every row of a block through the pipelined loop, no branch for
+        the other calls) and the rest run v4. Its rare rows (a scaled float64 row, a half row
+        outside the float32 route) are only flagged by the loop and written again after it
+        (``_rms_fwd_redo``, v4's row code): v4's bits, and a first call that compiles neither
+        v4's unpipelined rows nor the rare paths. (the library's default)
 RMSNorm backward (dx, dweight, dbias; rows grouped into parts of ``ROWS_PER_PART``)
     v1  prange over parts of 64 rows; per row a serial ``s += dxhat_j*x_j`` pass, then a pass
         writing dx and adding dy·xhat (and dy) into the part's float64 partial row; the partial
@@ -42,7 +47,8 @@ RMSNorm backward (dx, dweight, dbias; rows grouped into parts of ``ROWS_PER_PART
         branches for the other calls, every row of a part through the pipelined loop) and the
         rest run v3, which is what v4 runs for them (it pipelines the common call only) and
         compiles in about half v4's time. Same operations, so v4's bits; LLVM schedules the
-        smaller loop with fewer spills.
+        smaller loop with fewer spills. (Its rare rows are now flagged by the loop and written
+        again after it, by ``_rms_bwd_redo``: the same bits, a faster first call.)
     v6  as v5, and a call without a saved rstd takes the pipelined kernel too: its rows' rstd
         are first computed with the forward's code (``_rms_rstd``, the values v3 recomputes),
         one more read of x. Its first call then compiles neither v3 nor v3's recomputation.
@@ -62,15 +68,17 @@ from rmsref.kernels.numba_cpu import (
     _INL,
     _PAR,
     ROWS_PER_PART,
+    _bwd_dx_exact,
     _bwd_row_and_dot,
     _coef,
     _dot_v1,
     _dot_v3,
-    _rms_bwd_pipelined,
+    _rms_bwd_common,
     _rms_bwd_row,
     _rms_bwd_v3,
     _rms_bwd_v6,
     _rms_fwd_v4,
+    _rms_fwd_v5,
     _rms_norm_backward,
     _rms_norm_forward,
     _rms_write,
@@ -149,7 +157,7 @@ def _dot_v2(g3, x3, b, i, w, n, k):
 
 
 # ============================================================================================
-# Forward v1-v3 (v4 is the library's ``_rms_fwd_v4``). x3, y3: (B, R, N); rstd_out: (M,).
+# Forward v1-v3 (v4, v5: the library's ``_rms_fwd_v4``, ``_rms_fwd_v5``). x3, y3: (B, R, N).
 # ============================================================================================
 @njit(**_PAR)
 def _rms_fwd_v1(x3, w, bias, has_bias, kf, eps, y3, rstd_out, t0, t1):
@@ -257,8 +265,10 @@ def _rms_bwd_v4(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, d
             have_next = fuse and k == 0 and r + 1 < r1  # a scaled row takes the general loop
             if have_next:
                 c = _coef(s, dy3, x3, b, i, w, kf, rstd_s, 0)  # (6)
-                s_next = _bwd_row_and_dot(dy3, x3, b, i, w, rstd_s, c, dx3, dw_parts, p,
-                                          (r + 1) // nr, (r + 1) % nr)
+                s_next, outside = _bwd_row_and_dot(dy3, x3, b, i, w, rstd_s, c, dx3,
+                                                   dw_parts, p, (r + 1) // nr, (r + 1) % nr)
+                if outside:  # a half dx outside the normal range: the row again, exactly
+                    _bwd_dx_exact(dy3, x3, b, i, w, rstd_s, c, dx3)
             else:
                 _rms_bwd_row(dy3, x3, b, i, w, kf, rstd_s, k, s, dx3, want_dw, want_db,
                              dw_parts, db_parts, p)
@@ -269,13 +279,13 @@ def _rms_bwd_v5(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, d
     """v5: the common call with a saved rstd runs ``_rms_bwd_pipelined``, every other call v3."""
     if (has_rstd and kf == x3.shape[2] and want_dw and not want_db
             and _saved_rstd_in_range(rstd_in)):
-        _rms_bwd_pipelined(dy3, x3, w, rstd_in, dx3, dw_parts, t0, t1)
+        _rms_bwd_common(dy3, x3, w, rstd_in, dx3, dw_parts, t0, t1)
     else:
         _rms_bwd_v3(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, dw_parts,
                     db_parts, t0, t1)
 
 
-_RMS_FWD = {1: _rms_fwd_v1, 2: _rms_fwd_v2, 3: _rms_fwd_v3, 4: _rms_fwd_v4}
+_RMS_FWD = {1: _rms_fwd_v1, 2: _rms_fwd_v2, 3: _rms_fwd_v3, 4: _rms_fwd_v4, 5: _rms_fwd_v5}
 _RMS_BWD = {1: _rms_bwd_v1, 2: _rms_bwd_v2, 3: _rms_bwd_v3, 4: _rms_bwd_v4, 5: _rms_bwd_v5,
             6: _rms_bwd_v6}
 

@@ -13,18 +13,26 @@ backend: real dtypes only (complex inputs are a ``TypeError``; use the oracle).
 Kernels
 -------
 RMSNorm forward
-    ``_rms_fwd_v4``  tasks: blocks of ``ROWS_PER_BLOCK`` rows. A row's Σx² is summed in
+    ``_rms_fwd_v5``  tasks: blocks of ``ROWS_PER_BLOCK`` rows. A row's Σx² is summed in
                      ``LANES`` = 64 float64 lanes (element j into lane j mod 64, in increasing j),
                      which LLVM vectorises with fastmath off, and the lanes are combined by a
-                     fixed halving tree (``_lane_tree``). Each block is pipelined: one loop writes
-                     row r's y while summing row r + 1's squares (the same lanes in the same
-                     order, so the same bits as summing that row alone).
+                     fixed halving tree (``_lane_tree``). The common call (no ``partial``, no
+                     bias) runs ``_rms_fwd_pipelined``: one loop writes row r's y while summing
+                     row r + 1's squares (the same lanes in the same order, so the same bits as
+                     summing that row alone); every other call runs ``_rms_fwd_v4`` (blocks
+                     pipelined where they can be, the other rows one at a time).
 RMSNorm backward
     ``_rms_bwd_v6``  rows in fixed parts of ``ROWS_PER_PART``, Σ dxhat·x in the same 64 lanes.
                      The common call (no ``partial``, a weight, no bias) runs a kernel of its
                      own that writes row r's dx and dweight terms while summing row r + 1's
                      Σ dxhat·x, after computing rstd (``_rms_rstd``) when none was saved; every
                      other call runs ``_rms_bwd_v3`` (the same lanes, a row at a time).
+Rare rows of the common calls
+    The two pipelined kernels only flag a rare row (a half output outside the float32 route,
+    a scaled float64 row, a Σ dxhat·x outside [SS_LO, SS_HI]) in a per-row array; after the
+    kernel, ``_rms_fwd_redo`` / ``_rms_bwd_redo`` write the flagged rows again with the
+    unpipelined kernels' row code, so they have those kernels' bits. Rare-path code then
+    never enters the common kernels' compilation.
 Fused residual add + RMSNorm and LayerNorm, written the same way
     ``_add_fwd_rows`` h = x + residual; Σh² in the 64 lanes, storing new_residual on the way;
                       blocks pipelined as RMSNorm's (y of row r while Σh² of row r + 1).
@@ -123,10 +131,11 @@ Numerical contract
   ``cpu-summary.md``).
 - Compilation: lazy (first call per dtype and layout), ``cache=True`` (on-disk cache next to
   this file). Compile time grows with the inlined kernel body (the 64-lane loops are unrolled
-  and vectorised by LLVM), which is why rare paths (bias and scaled rows of the forward write,
-  the backward calls that are not pipelined, the overflow-safe rows) live in kernels or serial
-  helpers of their own, outside the pipelined loops, and why float32 and half kernels are
-  compiled without the overflow-safe route they never need (``_rstd_from_sumsq``). A backward
+  and vectorised by LLVM) and with every helper a kernel calls (each is compiled with it, used
+  or not), which is why rare paths (bias and scaled rows of the forward write, the calls that
+  are not pipelined, the rows written again) live in kernels of their own that the common
+  calls never call, and why float32 and half kernels are compiled without the overflow-safe
+  route they never need (``_rstd_from_sumsq``). A backward
   without a saved rstd computes it first (``_rms_rstd``) and runs the pipelined kernel, so its
   first call compiles two small kernels rather than v3's general one. ``bench/compile.py``
   measures each default kernel's cold first call (``bench/results/compile.md``). After editing
@@ -477,7 +486,8 @@ def _rms_write_general(x3, b, i, w, bias, has_bias, y3, rstd_s, k):
 # ============================================================================================
 
 
-#: Rows per task of forward v4 (a block is walked serially, pipelined row by row).
+#: Rows per task of the forwards (v4 walks each block serially, pipelined row by row; v5's
+#: kernel pipelines a thread's blocks as one run of rows).
 ROWS_PER_BLOCK = 16
 
 
@@ -554,6 +564,70 @@ def _rms_fwd_v4(x3, w, bias, has_bias, kf, eps, y3, rstd_out, t0, t1):
             else:
                 _rms_write(x3, b, i, w, ww, bias, has_bias, y3, rstd_s, k)  # (3)-(4)
             b, i = b1, i1
+
+
+@njit(**_PAR)
+def _rms_fwd_pipelined(x3, w, eps, y3, rstd_out, redo, t0, t1):
+    """v5's kernel: v4's pipelined loop for the common call only (K = N, no bias), with no
+    branch for the other calls. The rows of blocks [t0, t1) are contiguous, so one loop runs
+    through all of them: row r's y is written while row r + 1's squares are summed, across
+    block boundaries too (the last row sums its own squares again, unused).
+
+    A rare row is only flagged here (``redo[r]``: a float64 row whose Σx² needed the scale
+    2^-k, a half row whose rstd is outside the float32 route's range, or one with a y that
+    ``_write_and_sumsq`` could not round) and written again afterwards by ``_rms_fwd_redo``
+    (``_rms_fwd_v5`` calls both); the loop's y for it is discarded. The rare paths' code then
+    stays out of this kernel, whose first call compiles faster (bench/compile.py)."""
+    _wide_vectors_for(x3)
+    nr = x3.shape[1]
+    n = x3.shape[2]
+    r0 = t0 * ROWS_PER_BLOCK
+    r1 = min(x3.shape[0] * nr, t1 * ROWS_PER_BLOCK)
+    if r1 <= r0:
+        return
+    ww = work_row(w, x3, y3)  # w' in the working precision of the element-wise step
+    b, i = r0 // nr, r0 % nr  # row r; the next by _row_after
+    ss = _sumsq_v3(x3, b, i, n)  # (1) Σx² of the first row, 64 lanes
+    for r in range(r0, r1):
+        b1, i1 = _row_after(b, i, nr, r + 1 == r1)  # the row summed while r is written
+        rstd_s, k = _rstd_from_sumsq(ss, x3, b, i, n, eps)  # (2)
+        rstd_out[r] = rstd_s if k == 0 else math.ldexp(rstd_s, -k)
+        rstd_w = as_work(rstd_s, x3, y3)
+        ss, outside = _write_and_sumsq(x3, b, i, ww, y3, rstd_w, b1, i1)  # (3)-(4), (1)
+        redo[r] = outside or k != 0 or not work_in_range(rstd_s, x3, y3)
+        b, i = b1, i1
+
+
+@njit(**_SER)
+def _rms_fwd_redo(x3, w, eps, y3, redo, r0, r1):
+    """y of the rows in [r0, r1) that ``_rms_fwd_pipelined`` flagged, written again as v4
+    writes a row it does not pipeline (``_rms_write``: the common loop where it applies,
+    float64 rounded once where it does not), so with v4's bits. The rstd the loop saved
+    stands (the same value). Compiled by the first call that flags a row."""
+    nr = x3.shape[1]
+    n = x3.shape[2]
+    ww = work_row(w, x3, y3)
+    for r in range(r0, r1):
+        if redo[r]:
+            b, i = r // nr, r % nr
+            rstd_s, k = _rstd_from_sumsq(_sumsq_v3(x3, b, i, n), x3, b, i, n, eps)  # (1)-(2)
+            _rms_write(x3, b, i, w, ww, w, False, y3, rstd_s, k)  # (3)-(4), no bias
+
+
+def _rms_fwd_v5(x3, w, bias, has_bias, kf, eps, y3, rstd_out, t0, t1):
+    """v5: the common call (K = N, no bias) runs ``_rms_fwd_pipelined`` on blocks [t0, t1),
+    then ``_rms_fwd_redo`` for the rows it flagged (none in ordinary data); every other call
+    runs v4 (a Python-level choice, as ``_rms_bwd_v6``: the first call of the common one then
+    compiles neither v4's unpipelined rows nor the rare paths)."""
+    if kf == x3.shape[2] and not has_bias:
+        m = x3.shape[0] * x3.shape[1]
+        r0, r1 = min(m, t0 * ROWS_PER_BLOCK), min(m, t1 * ROWS_PER_BLOCK)
+        redo = np.empty(m, np.bool_)  # only rows [r0, r1) are written and read
+        _rms_fwd_pipelined(x3, w, eps, y3, rstd_out, redo, t0, t1)
+        if redo[r0:r1].any():
+            _rms_fwd_redo(x3, w, eps, y3, redo, r0, r1)
+        return
+    _rms_fwd_v4(x3, w, bias, has_bias, kf, eps, y3, rstd_out, t0, t1)
 
 
 # ============================================================================================
@@ -650,7 +724,9 @@ def _rms_bwd_v3(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, d
 def _bwd_row_and_dot(g3, x3, b, i, w, rstd_s, c, dx3, dw_parts, p, b1, i1):
     """Row (b, i)'s dx and dweight contribution (the common case: unscaled, K = N, a weight,
     no bias), while summing Σ dxhat·x of row (b1, i1) in the 64 lanes of ``_dot_v3`` in the
-    same order (so the same bits as ``_dot_v3``; v4). dx as ``_rms_bwd_row``'s common loop."""
+    same order (so the same bits as ``_dot_v3``; v4). dx as ``_rms_bwd_row``'s common loop.
+    Returns (the sum, whether row (b, i)'s dx must be written again by ``_bwd_dx_exact``:
+    the caller does it, or has it done)."""
     n = x3.shape[2]
     acc = _lanes()
     outside = False  # whether dx needs ``_bwd_dx_exact``
@@ -676,9 +752,7 @@ def _bwd_row_and_dot(g3, x3, b, i, w, rstd_s, c, dx3, dw_parts, p, b1, i1):
         outside |= outside_work(dxj, dx3)
         dw_parts[p, j] += g * xhat
         acc[lane] += (to_f64(g3[b1, i1, j]) * w[j]) * to_f64(x3[b1, i1, j])
-    if outside:
-        _bwd_dx_exact(g3, x3, b, i, w, rstd_s, c, dx3)
-    return _lane_tree(acc)
+    return _lane_tree(acc), outside
 
 
 @njit(**_SER)
@@ -692,10 +766,15 @@ def _bwd_dx_exact(g3, x3, b, i, w, rstd_s, c, dx3):
 
 
 @njit(**_PAR)
-def _rms_bwd_pipelined(dy3, x3, w, rstd_in, dx3, dw_parts, t0, t1):
+def _rms_bwd_pipelined(dy3, x3, w, rstd_in, dx3, dw_parts, redo, t0, t1):
     """v5's kernel: v4's pipelined loop for the common call only (saved rstd, K = N, a weight,
     no bias), with no branch for the other calls, and every row of a part through the loop
-    (the part's last row sums its own Σ dxhat·x again, unused)."""
+    (the part's last row sums its own Σ dxhat·x again, unused).
+
+    A rare row is only flagged here (``redo[r]``: its Σ dxhat·x left [SS_LO, SS_HI], so c must
+    be summed again, or its dx left the half format's normal range) and written again
+    afterwards by ``_rms_bwd_redo`` (``_rms_bwd_common`` calls both): the rare paths' code then
+    stays out of this kernel, whose first call compiles 0.3 s faster (bench/compile.py)."""
     _wide_vectors_for(x3)
     nr = x3.shape[1]
     m = x3.shape[0] * nr
@@ -711,9 +790,40 @@ def _rms_bwd_pipelined(dy3, x3, w, rstd_in, dx3, dw_parts, t0, t1):
         for r in range(r0, r1):
             b1, i1 = _row_after(b, i, nr, r + 1 == r1)  # the row summed while r is written
             rstd_s = rstd_in[r]
-            c = _coef(s, dy3, x3, b, i, w, n, rstd_s, 0)  # (6)
-            s = _bwd_row_and_dot(dy3, x3, b, i, w, rstd_s, c, dx3, dw_parts, p, b1, i1)
+            c = s * rstd_s / n  # (6), as ``_coef`` for s in [SS_LO, SS_HI] (else redone)
+            s_next, outside = _bwd_row_and_dot(dy3, x3, b, i, w, rstd_s, c, dx3, dw_parts, p,
+                                               b1, i1)
+            redo[r] = outside or not SS_LO <= abs(s) <= SS_HI
+            s = s_next
             b, i = b1, i1
+
+
+@njit(**_SER)
+def _rms_bwd_redo(dy3, x3, w, rstd_in, dx3, redo, r0, r1):
+    """dx of the rows in [r0, r1) that ``_rms_bwd_pipelined`` flagged, written again as v3
+    writes them (``_rms_bwd_row``: c by ``_coef``, then the common loop and, where a dx left
+    the normal range, ``_bwd_dx_exact``), so with v3's bits. Only dx: the loop added these
+    rows' dweight terms already. Compiled by the first call that flags a row."""
+    nr = x3.shape[1]
+    n = x3.shape[2]
+    no_parts = np.empty((1, 0))
+    for r in range(r0, r1):
+        if redo[r]:
+            b, i = r // nr, r % nr
+            s = _dot_lanes(dy3, x3, b, i, w, n)  # the pipelined loop's sum, bit for bit
+            _rms_bwd_row(dy3, x3, b, i, w, n, rstd_in[r], 0, s, dx3, False, False, no_parts,
+                         no_parts, 0)
+
+
+def _rms_bwd_common(dy3, x3, w, rstd_in, dx3, dw_parts, t0, t1):
+    """The common call on parts [t0, t1): ``_rms_bwd_pipelined``, then ``_rms_bwd_redo`` for
+    the rows it flagged (none in ordinary data)."""
+    m = x3.shape[0] * x3.shape[1]
+    r0, r1 = min(m, t0 * ROWS_PER_PART), min(m, t1 * ROWS_PER_PART)
+    redo = np.empty(m, np.bool_)  # only rows [r0, r1) are written and read
+    _rms_bwd_pipelined(dy3, x3, w, rstd_in, dx3, dw_parts, redo, t0, t1)
+    if redo[r0:r1].any():
+        _rms_bwd_redo(dy3, x3, w, rstd_in, dx3, redo, r0, r1)
 
 
 @njit(**_PAR)
@@ -740,7 +850,7 @@ def _rms_bwd_v6(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, d
     v5 did this for a saved rstd only."""
     if kf == x3.shape[2] and want_dw and not want_db:
         if has_rstd and _saved_rstd_in_range(rstd_in):
-            _rms_bwd_pipelined(dy3, x3, w, rstd_in, dx3, dw_parts, t0, t1)
+            _rms_bwd_common(dy3, x3, w, rstd_in, dx3, dw_parts, t0, t1)
             return
         if not has_rstd:
             m = x3.shape[0] * x3.shape[1]
@@ -748,7 +858,7 @@ def _rms_bwd_v6(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, d
             rstd = np.empty(m)  # only rows [r0, r1) are written and read
             _rms_rstd(x3, kf, eps, rstd, r0, r1)
             if _saved_rstd_in_range(rstd[r0:r1]):
-                _rms_bwd_pipelined(dy3, x3, w, rstd, dx3, dw_parts, t0, t1)
+                _rms_bwd_common(dy3, x3, w, rstd, dx3, dw_parts, t0, t1)
                 return
     _rms_bwd_v3(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, dw_parts,
                 db_parts, t0, t1)
@@ -1679,7 +1789,7 @@ def rms_norm_forward(
         Shape ``x.shape[:-k] + (1,)*k``; float32 for half inputs, float64 otherwise.
     """
     return _rms_norm_forward(
-        _rms_fwd_v4, x, normalized_shape, weight, eps, bias=bias, offset=offset,
+        _rms_fwd_v5, x, normalized_shape, weight, eps, bias=bias, offset=offset,
         partial=partial, out_dtype=out_dtype, out=out,
     )
 
