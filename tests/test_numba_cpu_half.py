@@ -92,6 +92,23 @@ def test_an_x_rstd_lost_to_float32_underflow_is_not_a_wrong_y(rows):
     np.testing.assert_array_equal(y.view(np.uint16), want.view(np.uint16))
 
 
+def test_layer_norm_rows_written_again_have_the_oracle_bits(rng):
+    """float64 x with a bfloat16 output: y is computed in float64 and rounded by integer
+    arithmetic that is exact only in bfloat16's normal range, so rows with a y below it (a
+    weight of 1e-39 in every third column) are flagged by the pipelined loop and written again
+    after it (``_ln_fwd_redo``), rounded once: the oracle's bits, in rows across several
+    blocks and (above ``SERIAL_BELOW`` elements) both threads' shares."""
+    m, n = 400, 96
+    assert m * n >= K.SERIAL_BELOW
+    x = rng.standard_normal((m, n))
+    w = np.ones(n)
+    w[::3] = 1e-39
+    y = K.layer_norm_forward(x, n, w, out_dtype=BF16)[0]
+    want = rmsref.layer_norm_forward(x, n, w, out_dtype=BF16)[0]
+    assert (np.abs(want.astype(np.float64)[:, ::3]) < 2.0**-126).all()  # the rows are flagged
+    np.testing.assert_array_equal(y.view(np.uint16), want.view(np.uint16))
+
+
 def test_bfloat16_pipelined_backward_equals_exact_path(rng):
     """dx of the pipelined backward (saved rstd, a weight, no bias) equals, bit for bit, dx of
     the path that also returns dbias (the same operations, one row at a time), with rows
