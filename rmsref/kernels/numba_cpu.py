@@ -33,7 +33,7 @@ Rare rows of the common calls
     array; after the kernel, ``_rms_fwd_redo``, ``_rms_bwd_redo``, ``_ln_fwd_redo`` or
     ``_ln_bwd_redo`` writes the flagged rows again with the unpipelined row code, so they have
     its bits. Rare-path code then never enters the common kernels' compilation, and the row
-    loop holds no call (a call site costs registers: the backward at N = 512 ran 8-18 % faster
+    loop holds no call (a call site costs registers: the backward at N = 512 ran 6-19 % faster
     per element in cache without them). The fused residual kernels still call theirs inline.
 Fused residual add + RMSNorm and LayerNorm, written the same way
     ``_add_fwd_rows`` h = x + residual; Σh² in the 64 lanes, storing new_residual on the way;
@@ -776,7 +776,7 @@ def _rms_bwd_pipelined(dy3, x3, w, rstd_in, dx3, dw_parts, redo, t0, t1):
     A rare row is only flagged here (``redo[r]``: its Σ dxhat·x left [SS_LO, SS_HI], so c must
     be summed again, or its dx left the half format's normal range) and written again
     afterwards by ``_rms_bwd_redo`` (``_rms_bwd_common`` calls both): the rare paths' code then
-    stays out of this kernel, whose first call compiles 0.3 s faster (bench/compile.py)."""
+    stays out of this kernel, whose first call compiles faster (bench/compile.py)."""
     _wide_vectors_for(x3)
     nr = x3.shape[1]
     m = x3.shape[0] * nr
