@@ -419,8 +419,10 @@ def test_numba_cpu_backward_with_a_huge_dy(nc, x, dy):
     ref = rmsref.rms_norm_backward(dy, x, n)
     _, rstd = rmsref.rms_norm_forward(x, n)
     w = np.ones(n)
+    # with a saved rstd the pipelined kernels run, and write such a row again after the loop
     for got in (nc.rms_norm_backward(dy, x, n), nc.rms_norm_backward(dy, x, n, w, rstd=rstd),
-                nc.add_rms_norm_backward(dy, None, x, np.zeros_like(x), n)):
+                nc.add_rms_norm_backward(dy, None, x, np.zeros_like(x), n),
+                nc.add_rms_norm_backward(dy, None, x, np.zeros_like(x), n, w, rstd=rstd)):
         assert np.all(np.isfinite(got.dx)), got.dx
         np.testing.assert_allclose(got.dx, ref.dx, rtol=1e-13, atol=1e-13 * np.max(
             np.abs(ref.dx)))
@@ -454,5 +456,7 @@ def test_numba_cpu_backward_with_a_tiny_dy(nc, x, dy):
     _, rstd = rmsref.rms_norm_forward(x, n, None, 0.0)
     m_terms = np.max(rstd * np.abs(dy))
     for got in (nc.rms_norm_backward(dy, x, n, None, 0.0),
-                nc.rms_norm_backward(dy, x, n, np.ones(n), 0.0, rstd=rstd)):
+                nc.rms_norm_backward(dy, x, n, np.ones(n), 0.0, rstd=rstd),
+                nc.add_rms_norm_backward(dy, None, x, np.zeros_like(x), n, np.ones(n), 0.0,
+                                         rstd=rstd)):
         assert np.max(np.abs(got.dx - ref.dx)) <= 1e-15 * m_terms, (got.dx, ref.dx)

@@ -34,7 +34,8 @@ Rare rows of the common calls
     ``_ln_bwd_redo`` writes the flagged rows again with the unpipelined row code, so they have
     its bits. Rare-path code then never enters the common kernels' compilation, and the row
     loop holds no call (a call site costs registers: the backward at N = 512 ran 6-19 % faster
-    per element in cache without them). The fused residual kernels still call theirs inline.
+    per element in cache without them). The fused residual backward does the same
+    (``_add_bwd_redo``); its forward still calls its rare-row helpers inline.
 Fused residual add + RMSNorm and LayerNorm, written the same way
     ``_add_fwd_rows`` h = x + residual; Σh² in the 64 lanes, storing new_residual on the way;
                       blocks pipelined as RMSNorm's (y of row r while Σh² of row r + 1).
@@ -1185,10 +1186,12 @@ def _add_dh_and_dot(dy3, dro3, has_dro, x3, r3, like, b, i, w, rstd_s, c, dx3, d
 
 @njit(**_INL)
 def _add_bwd_pipelined_rows(dy3, dro3, has_dro, x3, r3, like, w, rstd_in, dx3, dr3,
-                            dw_parts, t0, t1):
+                            dw_parts, redo, t0, t1):
     """The common call (a saved rstd in range, a weight), as ``_rms_bwd_pipelined``: every row
     of a part through one loop that writes row r's dh while summing row r + 1's Σ dxhat·h (the
-    part's last row sums itself again, unused). Inlined with ``has_dro`` a constant."""
+    part's last row sums itself again, unused); a row whose Σ dxhat·h left [SS_LO, SS_HI] is
+    flagged in ``redo`` and written again by ``_add_bwd_redo``. Inlined with ``has_dro`` a
+    constant."""
     nr = x3.shape[1]
     m = x3.shape[0] * nr
     for p in range(t0, t1):  # this call's share of the tasks (``_launch``)
@@ -1202,10 +1205,30 @@ def _add_bwd_pipelined_rows(dy3, dro3, has_dro, x3, r3, like, w, rstd_in, dx3, d
         for r in range(r0, r1):
             b1, i1 = _row_after(b, i, nr, r + 1 == r1)  # the row summed while r is written
             rstd_s = rstd_in[r]
-            c = _add_coef(s, dy3, x3, r3, b, i, like, w, rstd_s, 0)  # (6)
+            c = s * rstd_s / x3.shape[2]  # (6), as ``_add_coef`` for s in [SS_LO, SS_HI]
+            redo[r] = not SS_LO <= abs(s) <= SS_HI
             s = _add_dh_and_dot(dy3, dro3, has_dro, x3, r3, like, b, i, w, rstd_s, c, dx3,
                                 dr3, dw_parts, p, b1, i1)
             b, i = b1, i1
+
+
+@njit(**_SER)
+def _add_bwd_redo(dy3, dro3, has_dro, x3, r3, like, w, rstd_in, dx3, dr3, redo, r0, r1):
+    """dx and dresidual of the rows in [r0, r1) that ``_add_bwd_pipelined_rows`` flagged,
+    written again as the general backward writes them (c by ``_add_coef``, then
+    ``_add_bwd_row``), so with its bits. Only dh: the loop added these rows' dweight terms
+    already, so the row's terms here go to a scratch row. Compiled by the first call that
+    flags a row."""
+    nr = x3.shape[1]
+    scratch = np.zeros((1, x3.shape[2]))
+    for r in range(r0, r1):
+        if redo[r]:
+            b, i = r // nr, r % nr
+            rstd_s = rstd_in[r]
+            s = _add_dot(dy3, x3, r3, b, i, like, w, 0)  # the pipelined loop's sum, bit for bit
+            c = _add_coef(s, dy3, x3, r3, b, i, like, w, rstd_s, 0)  # (6)
+            _add_bwd_row(dy3, dro3, has_dro, x3, r3, like, b, i, w, rstd_s, 0, c, dx3, dr3,
+                         scratch, 0)
 
 
 @njit(**_PAR)
@@ -1223,15 +1246,15 @@ def _add_rms_bwd(dy3, dro3, has_dro, x3, r3, like, w, eps, has_rstd, rstd_in, dx
 
 @njit(**_PAR)
 def _add_rms_bwd_pipelined(dy3, dro3, has_dro, x3, r3, like, w, rstd_in, dx3, dr3, dw_parts,
-                           t0, t1):
+                           redo, t0, t1):
     """The pipelined backward (a saved rstd in range, a weight)."""
     _wide_vectors_for(x3)
     if has_dro:
         _add_bwd_pipelined_rows(dy3, dro3, True, x3, r3, like, w, rstd_in, dx3, dr3, dw_parts,
-                                t0, t1)
+                                redo, t0, t1)
     else:
         _add_bwd_pipelined_rows(dy3, dro3, False, x3, r3, like, w, rstd_in, dx3, dr3, dw_parts,
-                                t0, t1)
+                                redo, t0, t1)
 
 
 def _add_rms_bwd_any(dy3, dro3, has_dro, x3, r3, like, w, eps, has_rstd, rstd_in, dx3, dr3,
@@ -1239,8 +1262,13 @@ def _add_rms_bwd_any(dy3, dro3, has_dro, x3, r3, like, w, eps, has_rstd, rstd_in
     """A saved rstd in the range of unscaled sums runs the pipelined kernel, every other call
     the general one (as ``_rms_bwd_v6``)."""
     if has_rstd and _saved_rstd_in_range(rstd_in):
+        m = x3.shape[0] * x3.shape[1]
+        r0, r1 = min(m, t0 * ROWS_PER_PART), min(m, t1 * ROWS_PER_PART)
+        redo = np.empty(m, np.bool_)  # only rows [r0, r1) are written and read
         _add_rms_bwd_pipelined(dy3, dro3, has_dro, x3, r3, like, w, rstd_in, dx3, dr3, dw_parts,
-                               t0, t1)
+                               redo, t0, t1)
+        if redo[r0:r1].any():
+            _add_bwd_redo(dy3, dro3, has_dro, x3, r3, like, w, rstd_in, dx3, dr3, redo, r0, r1)
     else:
         _add_rms_bwd(dy3, dro3, has_dro, x3, r3, like, w, eps, has_rstd, rstd_in, dx3, dr3,
                      dw_parts, t0, t1)
