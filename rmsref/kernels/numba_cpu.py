@@ -34,11 +34,12 @@ Rare rows of the common calls
     ``_ln_bwd_redo`` writes the flagged rows again with the unpipelined row code, so they have
     its bits. Rare-path code then never enters the common kernels' compilation, and the row
     loop holds no call (a call site costs registers: the backward at N = 512 ran 6-19 % faster
-    per element in cache without them). The fused residual backward does the same
-    (``_add_bwd_redo``); its forward still calls its rare-row helpers inline.
+    per element in cache without them). The fused residual kernels do the same
+    (``_add_fwd_redo``, ``_add_bwd_redo``).
 Fused residual add + RMSNorm and LayerNorm, written the same way
     ``_add_fwd_rows`` h = x + residual; Σh² in the 64 lanes, storing new_residual on the way;
-                      blocks pipelined as RMSNorm's (y of row r while Σh² of row r + 1).
+                      a thread's rows pipelined as RMSNorm's (y of row r while Σh² of
+                      row r + 1).
     ``_add_bwd_rows`` parts as RMSNorm's; Σ dxhat·h in the 64 lanes, then dx and dresidual.
                       The common call (a saved rstd, a weight) runs
                       ``_add_bwd_pipelined_rows`` (dh of row r while Σ dxhat·h of row r + 1).
@@ -1009,38 +1010,82 @@ def _add_write_scaled_row(x3, r3, like, b, i, w, y3, rstd_s, k):
         y3[b, i, j] = from_f64(math.ldexp(_h(x3, r3, b, i, j, like), -k) * rstd_s * w[j], y3)
 
 
+#: Why ``_add_fwd_rows`` flags a row for ``_add_fwd_redo`` (bits of its ``redo`` entry).
+REDO_Y = 1  # y needs the float64 route, rounded once (a flagged half row)
+REDO_RSTD = 2  # Σh² outside [SS_LO, SS_HI]: rstd by ``_add_rstd`` (maybe scaled), then y
+REDO_RES = 4  # Σh² not finite: new_residual again by ``_add_residual_exact``
+
+
 @njit(**_INL)
-def _add_fwd_rows(x3, r3, like, w, eps, y3, res3, rstd_out, t0, t1):
-    """Blocks of ``ROWS_PER_BLOCK`` rows, every row through the pipelined loop (a block's last
-    row sums itself again, unused), as RMSNorm's forward."""
+def _add_fwd_rows(x3, r3, like, w, eps, y3, res3, rstd_out, redo, t0, t1):
+    """The rows of blocks [t0, t1) as one run through the pipelined loop, as RMSNorm's
+    forward (the last row sums itself again, unused). Rare rows are only flagged in ``redo``
+    (``REDO_Y``, ``REDO_RSTD``, ``REDO_RES``) and written again by ``_add_fwd_redo``; ``redo``
+    must hold zeros for these rows on entry."""
     nr = x3.shape[1]
-    m = x3.shape[0] * nr
-    for blk in range(t0, t1):  # this call's share of the tasks (``_launch``)
-        r0 = blk * ROWS_PER_BLOCK
-        r1 = min(m, r0 + ROWS_PER_BLOCK)
-        b, i = r0 // nr, r0 % nr  # row r; the next by _row_after
-        ss = _add_sumsq(x3, r3, b, i, like, res3)  # (1) of the first row
-        if not math.isfinite(ss):
-            _add_residual_exact(x3, r3, b, i, like, res3)
-        for r in range(r0, r1):
-            b1, i1 = _row_after(b, i, nr, r + 1 == r1)  # the row summed while r is written
-            rstd_s, k = _add_rstd(ss, x3, r3, b, i, like, eps)  # (2) on h
-            rstd_out[r] = rstd_s if k == 0 else math.ldexp(rstd_s, -k)
-            ss, outside = _add_write_and_sumsq(x3, r3, like, b, i, w, y3, rstd_s, res3,
-                                               b1, i1)  # (3)-(4) of r, (1) of the next row
-            if not math.isfinite(ss):
-                _add_residual_exact(x3, r3, b1, i1, like, res3)
-            if k != 0 or outside:  # a scaled float64 row, or a flagged half row: y again
-                _add_write_scaled_row(x3, r3, like, b, i, w, y3, rstd_s, k)
-            b, i = b1, i1
+    n = x3.shape[2]
+    r0 = t0 * ROWS_PER_BLOCK
+    r1 = min(x3.shape[0] * nr, t1 * ROWS_PER_BLOCK)
+    if r1 <= r0:
+        return
+    b, i = r0 // nr, r0 % nr  # row r; the next by _row_after
+    ss = _add_sumsq(x3, r3, b, i, like, res3)  # (1) of the first row
+    if not math.isfinite(ss):
+        redo[r0] |= REDO_RES
+    for r in range(r0, r1):
+        b1, i1 = _row_after(b, i, nr, r + 1 == r1)  # the row summed while r is written
+        rstd_s = 1.0 / math.sqrt(ss / n + eps)  # (2) on h, as ``_add_rstd`` in range
+        if not SS_LO <= ss <= SS_HI:
+            redo[r] |= REDO_RSTD
+        rstd_out[r] = rstd_s
+        ss, outside = _add_write_and_sumsq(x3, r3, like, b, i, w, y3, rstd_s, res3,
+                                           b1, i1)  # (3)-(4) of r, (1) of the next row
+        if outside:
+            redo[r] |= REDO_Y
+        if not math.isfinite(ss) and r + 1 < r1:
+            redo[r + 1] |= REDO_RES
+        b, i = b1, i1
 
 
 @njit(**_PAR)
-def _add_rms_fwd(x3, r3, like, w, eps, y3, res3, rstd_out, t0, t1):
+def _add_rms_fwd(x3, r3, like, w, eps, y3, res3, rstd_out, redo, t0, t1):
     """The forward: h = x + r in float64 (``like`` None, ``rounding="fp32-sum"``) or
     h = R_x(x + r) (``like`` the x array, ``rounding="rounded-sum"``); one compiled copy each."""
     _wide_vectors_for(x3)
-    _add_fwd_rows(x3, r3, like, w, eps, y3, res3, rstd_out, t0, t1)
+    _add_fwd_rows(x3, r3, like, w, eps, y3, res3, rstd_out, redo, t0, t1)
+
+
+@njit(**_SER)
+def _add_fwd_redo(x3, r3, like, w, eps, y3, res3, rstd_out, redo, r0, r1):
+    """The rows in [r0, r1) that ``_add_fwd_rows`` flagged, written as its loop wrote them
+    before rare rows left it (so with those bits): rstd from ``_add_rstd`` (the scaled route
+    where it applies), y again in float64 for a scaled row or a ``REDO_Y`` row, and the new
+    residual rounded once from float64 for a ``REDO_RES`` row, after ``_add_sumsq`` has
+    stored it the fast way. Compiled by the first call that flags a row."""
+    nr = x3.shape[1]
+    for r in range(r0, r1):
+        f = redo[r]
+        if f == 0:
+            continue
+        b, i = r // nr, r % nr
+        if f & (REDO_Y | REDO_RSTD):
+            ss = _add_sumsq(x3, r3, b, i, like, res3)  # the loop's Σh², bit for bit
+            rstd_s, k = _add_rstd(ss, x3, r3, b, i, like, eps)  # (2) on h
+            rstd_out[r] = rstd_s if k == 0 else math.ldexp(rstd_s, -k)
+            if k != 0 or f & REDO_Y:  # a scaled float64 row, or a flagged half row
+                _add_write_scaled_row(x3, r3, like, b, i, w, y3, rstd_s, k)
+        if f & REDO_RES:
+            _add_residual_exact(x3, r3, b, i, like, res3)
+
+
+def _add_rms_fwd_rows(x3, r3, like, w, eps, y3, res3, rstd_out, t0, t1):
+    """``_add_rms_fwd`` on blocks [t0, t1), then ``_add_fwd_redo`` for the rows it flagged."""
+    m = x3.shape[0] * x3.shape[1]
+    r0, r1 = min(m, t0 * ROWS_PER_BLOCK), min(m, t1 * ROWS_PER_BLOCK)
+    redo = np.zeros(m, np.uint8)  # only rows [r0, r1) are written and read
+    _add_rms_fwd(x3, r3, like, w, eps, y3, res3, rstd_out, redo, t0, t1)
+    if redo[r0:r1].any():
+        _add_fwd_redo(x3, r3, like, w, eps, y3, res3, rstd_out, redo, r0, r1)
 
 
 @njit(**_INL)
@@ -1964,8 +2009,8 @@ def add_rms_norm_forward(
     x3, r3, y3, nr3 = _rows3([_bits(x), _bits(res), _bits(y), _bits(new_res)], len(shape))
     rstd = np.empty(x3.shape[0] * x3.shape[1], _stat_dtype(x.dtype))
     like = x3 if rounded else None  # the array whose dtype h is rounded to, or none
-    _launch(_add_rms_fwd, -(-rstd.size // ROWS_PER_BLOCK), x.size, x3, r3, like, w, eps, y3,
-            nr3, rstd)
+    _launch(_add_rms_fwd_rows, -(-rstd.size // ROWS_PER_BLOCK), x.size, x3, r3, like, w, eps,
+            y3, nr3, rstd)
     return y, new_res, rstd.reshape(stat_shape(x, shape))
 
 
