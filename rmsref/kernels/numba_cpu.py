@@ -507,6 +507,18 @@ def _row_after(b, i, nr, last):
     return (b, i + 1) if i + 1 < nr else (b + 1, 0)
 
 
+# pragma: no mutate start (jitted by a call below)
+def _task_rows_py(m, t0, t1, rows_per_task):
+    """Rows [r0, r1) of tasks [t0, t1) of ``rows_per_task`` rows each, in a batch of m rows
+    (r1 <= r0 when the tasks hold no row): what one thread's call covers. Used by the kernels
+    (``_task_rows``) and by the Python side that calls them."""
+    return min(m, t0 * rows_per_task), min(m, t1 * rows_per_task)
+
+
+# pragma: no mutate end
+_task_rows = njit(**_INL)(_task_rows_py)
+
+
 @njit(**_INL)
 def _write_and_sumsq(x3, b, i, ww, y3, rstd_w, b1, i1):
     """Row (b, i)'s y (no bias, unscaled, in the working precision: ``rstd_w``, ``ww``) while
@@ -585,8 +597,7 @@ def _rms_fwd_pipelined(x3, w, eps, y3, rstd_out, redo, t0, t1):
     _wide_vectors_for(x3)
     nr = x3.shape[1]
     n = x3.shape[2]
-    r0 = t0 * ROWS_PER_BLOCK
-    r1 = min(x3.shape[0] * nr, t1 * ROWS_PER_BLOCK)
+    r0, r1 = _task_rows(x3.shape[0] * nr, t0, t1, ROWS_PER_BLOCK)
     if r1 <= r0:
         return
     ww = work_row(w, x3, y3)  # w' in the working precision of the element-wise step
@@ -625,7 +636,7 @@ def _rms_fwd_v5(x3, w, bias, has_bias, kf, eps, y3, rstd_out, t0, t1):
     compiles neither v4's unpipelined rows nor the rare paths)."""
     if kf == x3.shape[2] and not has_bias:
         m = x3.shape[0] * x3.shape[1]
-        r0, r1 = min(m, t0 * ROWS_PER_BLOCK), min(m, t1 * ROWS_PER_BLOCK)
+        r0, r1 = _task_rows_py(m, t0, t1, ROWS_PER_BLOCK)
         redo = np.empty(m, np.bool_)  # only rows [r0, r1) are written and read
         _rms_fwd_pipelined(x3, w, eps, y3, rstd_out, redo, t0, t1)
         if redo[r0:r1].any():
@@ -823,7 +834,7 @@ def _rms_bwd_common(dy3, x3, w, rstd_in, dx3, dw_parts, t0, t1):
     """The common call on parts [t0, t1): ``_rms_bwd_pipelined``, then ``_rms_bwd_redo`` for
     the rows it flagged (none in ordinary data)."""
     m = x3.shape[0] * x3.shape[1]
-    r0, r1 = min(m, t0 * ROWS_PER_PART), min(m, t1 * ROWS_PER_PART)
+    r0, r1 = _task_rows_py(m, t0, t1, ROWS_PER_PART)
     redo = np.empty(m, np.bool_)  # only rows [r0, r1) are written and read
     _rms_bwd_pipelined(dy3, x3, w, rstd_in, dx3, dw_parts, redo, t0, t1)
     if redo[r0:r1].any():
@@ -858,7 +869,7 @@ def _rms_bwd_v6(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, d
             return
         if not has_rstd:
             m = x3.shape[0] * x3.shape[1]
-            r0, r1 = min(m, t0 * ROWS_PER_PART), min(m, t1 * ROWS_PER_PART)
+            r0, r1 = _task_rows_py(m, t0, t1, ROWS_PER_PART)
             rstd = np.empty(m)  # only rows [r0, r1) are written and read
             _rms_rstd(x3, kf, eps, rstd, r0, r1)
             if _saved_rstd_in_range(rstd[r0:r1]):
@@ -1024,8 +1035,7 @@ def _add_fwd_rows(x3, r3, like, w, eps, y3, res3, rstd_out, redo, t0, t1):
     must hold zeros for these rows on entry."""
     nr = x3.shape[1]
     n = x3.shape[2]
-    r0 = t0 * ROWS_PER_BLOCK
-    r1 = min(x3.shape[0] * nr, t1 * ROWS_PER_BLOCK)
+    r0, r1 = _task_rows(x3.shape[0] * nr, t0, t1, ROWS_PER_BLOCK)
     if r1 <= r0:
         return
     b, i = r0 // nr, r0 % nr  # row r; the next by _row_after
@@ -1081,7 +1091,7 @@ def _add_fwd_redo(x3, r3, like, w, eps, y3, res3, rstd_out, redo, r0, r1):
 def _add_rms_fwd_rows(x3, r3, like, w, eps, y3, res3, rstd_out, t0, t1):
     """``_add_rms_fwd`` on blocks [t0, t1), then ``_add_fwd_redo`` for the rows it flagged."""
     m = x3.shape[0] * x3.shape[1]
-    r0, r1 = min(m, t0 * ROWS_PER_BLOCK), min(m, t1 * ROWS_PER_BLOCK)
+    r0, r1 = _task_rows_py(m, t0, t1, ROWS_PER_BLOCK)
     redo = np.zeros(m, np.uint8)  # only rows [r0, r1) are written and read
     _add_rms_fwd(x3, r3, like, w, eps, y3, res3, rstd_out, redo, t0, t1)
     if redo[r0:r1].any():
@@ -1308,7 +1318,7 @@ def _add_rms_bwd_any(dy3, dro3, has_dro, x3, r3, like, w, eps, has_rstd, rstd_in
     the general one (as ``_rms_bwd_v6``)."""
     if has_rstd and _saved_rstd_in_range(rstd_in):
         m = x3.shape[0] * x3.shape[1]
-        r0, r1 = min(m, t0 * ROWS_PER_PART), min(m, t1 * ROWS_PER_PART)
+        r0, r1 = _task_rows_py(m, t0, t1, ROWS_PER_PART)
         redo = np.empty(m, np.bool_)  # only rows [r0, r1) are written and read
         _add_rms_bwd_pipelined(dy3, dro3, has_dro, x3, r3, like, w, rstd_in, dx3, dr3, dw_parts,
                                redo, t0, t1)
@@ -1405,8 +1415,7 @@ def _ln_fwd(x3, w, bias, eps, y3, mean_out, rstd_out, redo, t0, t1):
     outside the normal range is flagged in ``redo`` and written again by ``_ln_fwd_redo``."""
     _wide_vectors_for(x3)
     nr = x3.shape[1]
-    r0 = t0 * ROWS_PER_BLOCK
-    r1 = min(x3.shape[0] * nr, t1 * ROWS_PER_BLOCK)
+    r0, r1 = _task_rows(x3.shape[0] * nr, t0, t1, ROWS_PER_BLOCK)
     if r1 <= r0:
         return
     b, i = r0 // nr, r0 % nr  # row r; the next by _row_after
@@ -1436,7 +1445,7 @@ def _ln_fwd_redo(x3, w, bias, eps, y3, redo, r0, r1):
 def _ln_fwd_rows(x3, w, bias, eps, y3, mean_out, rstd_out, t0, t1):
     """``_ln_fwd`` on blocks [t0, t1), then ``_ln_fwd_redo`` for the rows it flagged."""
     m = x3.shape[0] * x3.shape[1]
-    r0, r1 = min(m, t0 * ROWS_PER_BLOCK), min(m, t1 * ROWS_PER_BLOCK)
+    r0, r1 = _task_rows_py(m, t0, t1, ROWS_PER_BLOCK)
     redo = np.empty(m, np.bool_)  # only rows [r0, r1) are written and read
     _ln_fwd(x3, w, bias, eps, y3, mean_out, rstd_out, redo, t0, t1)
     if redo[r0:r1].any():
@@ -1620,7 +1629,7 @@ def _ln_bwd_any(dy3, x3, w, eps, has_stats, mean_in, rstd_in, dx3, want_dw, want
     call ``_ln_bwd`` (a Python-level choice, as ``_rms_bwd_v6``: each kernel compiles alone)."""
     if has_stats and want_dw:
         m = x3.shape[0] * x3.shape[1]
-        r0, r1 = min(m, t0 * ROWS_PER_PART), min(m, t1 * ROWS_PER_PART)
+        r0, r1 = _task_rows_py(m, t0, t1, ROWS_PER_PART)
         redo = np.empty(m, np.bool_)  # only rows [r0, r1) are written and read
         _ln_bwd_pipelined(dy3, x3, w, mean_in, rstd_in, dx3, want_db, dw_parts, db_parts, redo,
                           t0, t1)
