@@ -4,10 +4,10 @@ and how often half outputs equal the oracle's bit for bit, on every bit pattern.
 The contract (rmsref.kernels.numba_cpu, "Numerical contract"): RMSNorm's y is computed in
 float32 arithmetic, fl(fl(x·fl(rstd))·fl(w')), then rounded to the half type; dx (RMSNorm and
 LayerNorm) and LayerNorm's y are computed in float64, as for every other dtype, and rounded to
-the half type through float32; a row with an inf or NaN output (or, for y, an rstd outside
-[2^-100, 2^100], or an x·rstd of a nonzero x below float32's normal range) is computed in
-float64 and rounded once. So >= 99.9 % of the elements equal
-the oracle's float64 value rounded once, and the rest are one ulp from it.
+the half type through float32; a row with an output that rounds to inf or is NaN (or, for y,
+an rstd outside [2^-100, 2^100], or an x·rstd of a nonzero x below float32's normal range) is
+computed in float64 and rounded once. So >= 99.9 % of the elements equal the oracle's float64
+value rounded once, and the rest are one ulp from it.
 
 References: NumPy float32 arithmetic and ml_dtypes/NumPy casts (the float32 route, bit for
 bit), the exact one-rounding encoder ``rmsref.kernels._halfbits.encode`` (tested in
@@ -90,6 +90,31 @@ def test_an_x_rstd_lost_to_float32_underflow_is_not_a_wrong_y(rows):
     want, _ = rmsref.rms_norm_forward(x, 4, w)
     assert (want.astype(np.float64)[:, 1] < 0).all() and (want.astype(np.float64)[:, 2] > 0).all()
     np.testing.assert_array_equal(y.view(np.uint16), want.view(np.uint16))
+
+
+def test_a_value_that_rounds_to_inf_only_through_float32_is_not_inf():
+    """Double rounding at the top of the range: T = 2^128 - 2^119 is the bfloat16 tie between
+    the largest finite value and inf. With x = (1, 0, 0, 0) in bfloat16 and eps = 0 (rstd = 2,
+    exact), 40 rows so that the pipelined loops take them, and a weight w just below T/2 whose
+    float32 rounding is T/2: y_0 = 2·w is T in float32, which goes to inf (even), while the
+    float64 value, rounded once, is the largest finite bfloat16; so is dx_1 = 2·w_1 (dy =
+    (0, 1, 0, 0), c = 0), with and without a saved rstd. A value that rounds to inf through
+    float32 is written again in float64 (``outside_work``), so all three are the oracle's."""
+    n = 4
+    x = np.tile(np.array([1.0, 0.0, 0.0, 0.0]), (40, 1)).astype(BF16)
+    tie = 2.0**128 - 2.0**119
+    big = tie / 2 * (1.0 - 2.0**-40)
+    assert np.float32(big) * np.float32(2.0) == np.float32(tie)
+    largest = np.finfo(BF16).max
+    y, _ = K.rms_norm_forward(x, n, np.array([big, 1.0, 1.0, 1.0]), eps=0.0)
+    assert (y.astype(np.float32)[:, 0] == largest).all()
+    dy = np.tile(np.array([0.0, 1.0, 0.0, 0.0]), (40, 1)).astype(BF16)
+    w = np.array([1.0, big, 1.0, 1.0])
+    for rstd in (None, np.full((40, 1), 2.0)):
+        dx = K.rms_norm_backward(dy, x, n, w, eps=0.0, rstd=rstd).dx
+        want = rmsref.rms_norm_backward(dy, x, n, w, eps=0.0).dx
+        np.testing.assert_array_equal(dx.view(np.uint16), want.view(np.uint16))
+    assert (want.astype(np.float32)[:, 1] == largest).all()
 
 
 def test_layer_norm_rows_written_again_have_the_oracle_bits(rng):

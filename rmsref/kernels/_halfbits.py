@@ -395,7 +395,8 @@ def _outside_normal_impl(v, out):
 #
 # The contract this gives for half outputs (rmsref.kernels.numba_cpu, tested on every bit
 # pattern in tests/test_numba_cpu_half.py): >= 99.9 % of elements bit-equal to the oracle's
-# float64 value rounded once, the rest one ulp away; ``outside_work`` flags inf and NaN,
+# float64 value rounded once, the rest one ulp away; ``outside_work`` flags a value that
+# rounds to inf (which may be one that rounded once is finite) and NaN,
 # ``lost_in_work`` an x·rstd that underflowed float32 (RMSNorm's y), and ``work_in_range``
 # rows whose rstd would make float32 products overflow or lose bits, and the kernels write
 # those rows again in float64, rounded once (the oracle's bits).
@@ -438,7 +439,8 @@ def from_work(v, out):
 
 
 def outside_work(v, out):
-    """Whether ``from_work(v, out)`` may differ from the row's float64 route."""
+    """Whether ``from_work(v, out)`` may differ from the row's float64 route: for a float32
+    ``v``, one that rounds to inf or is NaN (``F32_BITS_TO_INF``)."""
     raise NotImplementedError("outside_work is only callable from Numba-compiled code")
 
 
@@ -556,13 +558,21 @@ def _from_work_impl(v, out):
     return lambda v, out: f32_to_f16_bits(v)
 
 
+#: The bits of the smallest float32 that rounds to inf in each half format: the tie between
+#: its largest finite value and inf, (2 - 2^-8)·2^127 for bfloat16, 65520 for float16.
+#: A float32 value there or above (inf and NaN included) may not be the float64 route's:
+#: rounded to float32 first, a value just below the tie becomes the tie and goes to inf
+#: (even), where rounded once it is the largest finite value.
+F32_BITS_TO_INF = {types.int16: 0x7F7F8000, types.uint16: 0x477FF000}
+
+
 @overload(outside_work, jit_options={"nogil": True})
 def _outside_work_impl(v, out):
     if v != types.float32 or out.dtype not in (types.int16, types.uint16):
         return lambda v, out: outside_normal(v, out)
-    # inf or NaN: bits of |v| at or above inf's
-    return lambda v, out: (np.float32(v).view(np.int32) & np.int32(0x7FFFFFFF)) >= np.int32(
-        0x7F800000)
+    to_inf = np.int32(F32_BITS_TO_INF[out.dtype])
+    # bits of |v| at or above those of the tie that rounds to inf (inf and NaN above it)
+    return lambda v, out: (np.float32(v).view(np.int32) & np.int32(0x7FFFFFFF)) >= to_inf
 
 
 @overload(lost_in_work, jit_options={"nogil": True})

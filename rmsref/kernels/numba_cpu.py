@@ -82,12 +82,13 @@ Numerical contract
   rest one ulp away (tests/test_numba_cpu_half.py, on every bit pattern; measured 99.98-100 %),
   always within the tolerance model's bound. Float32 arithmetic for y is what brings a half
   forward near float32's time per element (bench/cpu.py); dx stays float64 because its two
-  terms can cancel, which float32 would turn into large relative errors. A row with an inf or
-  NaN output (and, for y, a row whose rstd is outside [2^-100, 2^100], where float32 products
-  could overflow or lose bits, or in which the float32 x·rstd of a nonzero x falls below
-  float32's normal range: a tiny x beside large ones, whose y a large w' makes an ordinary
-  half value) is written again in float64 and rounded once, so those rows have the oracle's
-  bits.
+  terms can cancel, which float32 would turn into large relative errors. A row with an output
+  that rounds to inf or is NaN is written again in float64 and rounded once, so those rows have
+  the oracle's bits (through float32, a value just below the tie between the largest finite
+  half value and inf may round to inf where rounded once it is finite). So is, for y, a row
+  whose rstd is outside [2^-100, 2^100], where float32 products could overflow or lose bits,
+  or in which the float32 x·rstd of a nonzero x falls below float32's normal range (a tiny x
+  beside large ones, whose y a large w' makes an ordinary half value).
 - Saved statistics: rstd (and LayerNorm's mean) in float32 for float16/bfloat16 inputs (what
   torch saves), float64 for float32 and float64 inputs. For float32 that is a choice: the value
   is computed in float64 anyway and costs 8 bytes per row, and a float64 rstd lets the backward
