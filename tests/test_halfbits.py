@@ -7,6 +7,8 @@ patterns, and for float64 -> half (one rounding) an independent NumPy reference 
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 import pytest
 
@@ -295,3 +297,34 @@ def test_float32_write_round_trips_every_pattern(fmt):
     finite = np.isfinite(f32)
     assert np.array_equal(flag, ~finite)
     _bits_equal(got[finite], ALL[finite], f"{fmt} half -> float32 -> half")
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
+def test_add_square_has_the_bits_of_a_product_then_a_sum(rng, dtype):
+    """``add_square(acc, v, x)`` (Σx²'s step in the kernels) equals acc + v·v rounded twice,
+    as NumPy computes it, for every element dtype: an FMA for float32 and half elements (their
+    squares are exact in float64, extremes of the range included), the separate product and
+    sum for float64 elements, where an FMA would differ (checked: it does on these values)."""
+    from numba import njit
+
+    @njit
+    def run(acc, x, out):
+        for i in range(x.size):
+            out[i] = hb.add_square(acc[i], hb.to_f64(x[i]), x)
+
+    dt = BF16 if dtype == "bfloat16" else np.dtype(dtype)
+    span = 10 if dtype == "float16" else 60  # binary exponents of x, within the range
+    x = (rng.standard_normal(4096) * np.exp2(rng.integers(-span, span, 4096))).astype(dt)
+    info = np.finfo(dt)
+    top = 2.0**511 if dtype == "float64" else info.max  # a float64 square that stays finite
+    x[:4] = np.array([top, -info.smallest_subnormal, info.tiny, 1 + info.eps]).astype(dt)
+    acc = rng.standard_normal(x.size) * np.exp2(rng.integers(-120, 120, x.size))
+    bits = x if dt.itemsize > 2 else x.view(FORMATS["bfloat16" if dt == BF16 else "float16"][1])
+    out = np.empty(x.size)
+    run(acc, bits, out)
+    v = x.astype(np.float64)
+    np.testing.assert_array_equal(out, acc + v * v)
+    if dtype == "float64":  # the operation the test tells apart from the float64 branch
+        fused = np.array([float(Fraction(a) + Fraction(b) ** 2)
+                          for a, b in zip(acc, v, strict=True)])
+        assert (fused != acc + v * v).any()

@@ -585,6 +585,36 @@ def _lost_in_work_impl(xw, xhat, out):
     ) & ((np.float32(xw).view(np.int32) & np.int32(0x7FFFFFFF)) != np.int32(0))
 
 
+def add_square(acc, v, x):
+    """acc + v², v = ``to_f64`` of an element of array ``x``, with the bits of ``acc + v * v``.
+
+    For float32 and half elements v² is exact in float64 (at most 2·24 significant bits, and
+    the exponent range of a square fits), so a fused multiply-add, which rounds once, gives
+    the bits of the separate product and sum, in one instruction instead of two. float64
+    elements keep the separate product and sum (their square rounds)."""
+    raise NotImplementedError("add_square is only callable from Numba-compiled code")
+
+
+@intrinsic
+def _fma(typingctx, a, b, c):
+    """a·b + c rounded once: LLVM's ``llvm.fma.f64`` (a vector FMA in vectorised loops)."""
+    from llvmlite import ir
+
+    def codegen(context, builder, signature, args):
+        f64 = ir.DoubleType()
+        fma = builder.module.declare_intrinsic("llvm.fma", [f64], ir.FunctionType(f64, [f64] * 3))
+        return builder.call(fma, args)
+
+    return types.float64(types.float64, types.float64, types.float64), codegen
+
+
+@overload(add_square, jit_options={"nogil": True})
+def _add_square_impl(acc, v, x):
+    if x.dtype == types.float64:
+        return lambda acc, v, x: acc + v * v
+    return lambda acc, v, x: _fma(v, v, acc)
+
+
 # --------------------------------------------------------------------------------------------
 # Array helpers (for tests and for callers outside Numba)
 # --------------------------------------------------------------------------------------------

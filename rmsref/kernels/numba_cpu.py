@@ -179,6 +179,7 @@ from rmsref._shapes import (
 from rmsref.kernels._halfbits import (
     BF16_BITS,
     F16_BITS,
+    add_square,
     as_work,
     from_f64,
     from_work,
@@ -336,17 +337,19 @@ def _sumsq_v3(x3, b, i, kf):
     sum (docs/tolerances.md) is ceil(kf/64) + 6 (at most ceil(log2 kf) for kf <= 64, as empty lanes
     add exact zeros), within the 8-lane model ceil(kf/8) + 3 the tests use.
     The inner loop over the 64 lanes is element-wise (no reassociation), so LLVM's loop
-    vectoriser turns it into packed float64 code (vcvtps2pd/vmulpd/vaddpd) with fastmath off.
+    vectoriser turns it into packed float64 code (vcvtps2pd/vmulpd/vaddpd) with fastmath off;
+    for float32 and half x the product and sum are one FMA with the same bits
+    (``_halfbits.add_square``: x² is exact in float64).
     """
     acc = _lanes()
     kf64 = kf - kf % LANES
     for j0 in range(0, kf64, LANES):
         for lane in range(LANES):
             v = to_f64(x3[b, i, j0 + lane])
-            acc[lane] += v * v
+            acc[lane] = add_square(acc[lane], v, x3)
     for lane in range(kf - kf64):
         v = to_f64(x3[b, i, kf64 + lane])
-        acc[lane] += v * v
+        acc[lane] = add_square(acc[lane], v, x3)
     return _lane_tree(acc)
 
 
@@ -540,7 +543,7 @@ def _write_and_sumsq(x3, b, i, ww, y3, rstd_w, b1, i1):
             outside |= outside_work(yj, y3) | lost_in_work(xj, xhat, y3)
         for lane in range(LANES):  # a loop of its own: LLVM then keeps the lanes in registers
             v = to_f64(x3[b1, i1, j0 + lane])
-            acc[lane] += v * v  # (1) of the next row
+            acc[lane] = add_square(acc[lane], v, x3)  # (1) of the next row
     for lane in range(n - n64):
         j = n64 + lane
         xj = to_work(x3[b, i, j], y3)
@@ -549,7 +552,7 @@ def _write_and_sumsq(x3, b, i, ww, y3, rstd_w, b1, i1):
         y3[b, i, j] = from_work(yj, y3)
         outside |= outside_work(yj, y3) | lost_in_work(xj, xhat, y3)
         v = to_f64(x3[b1, i1, j])
-        acc[lane] += v * v
+        acc[lane] = add_square(acc[lane], v, x3)
     return _lane_tree(acc), outside
 
 
