@@ -117,6 +117,29 @@ def test_a_value_that_rounds_to_inf_only_through_float32_is_not_inf():
     assert (want.astype(np.float32)[:, 1] == largest).all()
 
 
+@pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float16)], ids=["bfloat16", "float16"])
+def test_the_forward_tests_y_for_inf_and_nan_where_the_weight_allows_them(dtype):
+    """The pipelined forward leaves out the per-element test of y for inf and NaN when the
+    weight rules them out, sqrt(N)·max|w| <= half the largest finite value (``_y_bounded``).
+    With x = (1, 0, 0, 0) and eps = 0 (rstd = 2, exact; 40 rows, so the pipelined loop takes
+    them), y_0 = 2·w_0: at w_0 = half the largest finite value / 2 (on the bound) y_0 is finite
+    and the oracle's; a weight NaN with every payload bit set, whose float32 route carries the
+    payload into the sign of a bfloat16 (-0.0), gives NaN with the oracle's bits, and an
+    infinite weight the oracle's inf."""
+    n = 4
+    x = np.tile(np.array([1.0, 0.0, 0.0, 0.0]), (40, 1)).astype(dtype)
+    largest = float(np.finfo(dtype).max)
+    full_nan = np.array([0x7FFF_FFFF_FFFF_FFFF], np.uint64).view(np.float64)[0]
+    for w0 in (largest / 4, full_nan, np.inf):
+        w = np.array([w0, 1.0, 1.0, 1.0])
+        assert K._y_bounded(w, K._bits(x)) == (w0 == largest / 4)
+        y, _ = K.rms_norm_forward(x, n, w, eps=0.0)
+        want, _ = rmsref.rms_norm_forward(x, n, w, eps=0.0)
+        np.testing.assert_array_equal(y.view(np.uint16), want.view(np.uint16))
+        y0 = y.astype(np.float32)[:, 0]
+        assert np.isnan(y0).all() if np.isnan(w0) else (y0 == np.float32(2 * w0)).all()
+
+
 def test_layer_norm_rows_written_again_have_the_oracle_bits(rng):
     """float64 x with a bfloat16 output: y is computed in float64 and rounded by integer
     arithmetic that is exact only in bfloat16's normal range, so rows with a y below it (a

@@ -444,11 +444,13 @@ def outside_work(v, out):
     raise NotImplementedError("outside_work is only callable from Numba-compiled code")
 
 
-def lost_in_work(xw, xhat, out):
-    """Whether the working-precision product ``xhat = xw·rstd`` of a nonzero ``xw`` fell below
-    float32's normal range (2^-126), where it keeps fewer than 24 bits or none: y = xhat·w'
-    can still be a normal half value (a tiny x beside a large one, times a large weight), so
-    such a row is written again in float64. Always False for float64 work."""
+def lost_in_work(xw, xhat, x, out):
+    """Whether the working-precision product ``xhat = xw·rstd`` of a nonzero ``xw`` (an element
+    of array ``x``) fell below float32's normal range (2^-126), where it keeps fewer than 24
+    bits or none: y = xhat·w' can still be a normal half value (a tiny x beside a large one,
+    times a large weight), so such a row is written again in float64. Always False for
+    float64 work, and for float16 x: its smallest nonzero magnitude is 2^-24, and the float32
+    route takes rows with rstd >= 2^-100 only (``work_in_range``), so |xhat| >= 2^-124."""
     raise NotImplementedError("lost_in_work is only callable from Numba-compiled code")
 
 
@@ -576,11 +578,13 @@ def _outside_work_impl(v, out):
 
 
 @overload(lost_in_work, jit_options={"nogil": True})
-def _lost_in_work_impl(xw, xhat, out):
+def _lost_in_work_impl(xw, xhat, x, out):
     if xhat != types.float32 or out.dtype not in (types.int16, types.uint16):
-        return lambda xw, xhat, out: False
+        return lambda xw, xhat, x, out: False
+    if x.dtype == types.uint16:  # float16 x: never (the docstring)
+        return lambda xw, xhat, x, out: False
     # |xhat| below the smallest normal (0 included) while x is not zero
-    return lambda xw, xhat, out: (
+    return lambda xw, xhat, x, out: (
         (np.float32(xhat).view(np.int32) & np.int32(0x7FFFFFFF)) < np.int32(0x00800000)
     ) & ((np.float32(xw).view(np.int32) & np.int32(0x7FFFFFFF)) != np.int32(0))
 
