@@ -14,7 +14,7 @@ so every ratio is taken inside a round and the median over rounds is reported):
   prefetch) as the kernels' row loops do. The machine's copy bandwidth B = 2·|x| / t_copy is
   taken, round by round, from the fastest: they read differently on the same bytes (at
   65536x512 the ``prange`` copy took 16 ms where ``np.copyto`` on one thread took 6.5; the
-  prefetching copy was 14-20 % faster than the plain one at 8192x4096), and a target met
+  prefetching copy took 4-26 % less time than the plain one, mostly 12-15 %), and a target met
   against a slow copy is not met. ``np.copyto`` (single-threaded) is shown
   next to them, and both copies into a *new* array (allocation and first-touch page faults
   included, as every API call that returns a new array pays), whose faster one is the
@@ -144,8 +144,8 @@ def _pool_copy(prefetch: bool = False):
     """A row copy run the way the kernels are: a serial ``nogil`` function of a range of rows,
     split across rmsref's thread pool (``numba_cpu._launch``), no OpenMP. With ``prefetch``
     the row loop asks for memory ahead as the kernels' pipelined loops do
-    (``numba_cpu._read_ahead``/``_write_ahead``), which made the copy 14-20 % faster at
-    8192x4096: the copy the kernels must be measured against."""
+    (``numba_cpu._read_ahead``/``_write_ahead``), which took 4-26 % off the copy's time
+    (bench/results/cpu.md): the copy the kernels must be measured against."""
     from numba import njit
 
     from rmsref.kernels import numba_cpu
@@ -798,8 +798,9 @@ def main(argv: list[str] | None = None) -> int:
         f"numba {numba.__version__}, numpy {np.__version__}\n\n"
         f"Median of {args.rounds} interleaved rounds (best of {args.repeats} calls each; oracle 1 "
         f"call). 'x copy': time relative to moving the same bytes at the copy bandwidth measured "
-        f"in the same round (the faster parallel copy: prange or rmsref's threads; 'new array': "
-        f"the faster of the two copies into a new array). Load average at the end: {load}."
+        f"in the same round (the fastest parallel copy: prange, rmsref's threads, or rmsref's "
+        f"threads with prefetch; 'new array': the fastest of the copies into a new array). Load "
+        f"average at the end: {load}."
     )
     text = markdown(rows, header)
     args.out.parent.mkdir(parents=True, exist_ok=True)

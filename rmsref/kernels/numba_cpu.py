@@ -313,7 +313,7 @@ def _wide_vectors_for(typingctx, x3):
 #: row copy, the bfloat16 forward went from 1.5-1.8x its time to 1.3-1.5x, the float32
 #: forward from 1.1-1.2x to 1.0x and the float32 backward from 1.15-1.25x to 1.0x (the
 #: bfloat16 backward, limited by its arithmetic, 2.1-2.2x to 2.05x). A copy that asks ahead
-#: the same way is 14-20 % faster than the plain one: ``bench/cpu.py`` times both and sets
+#: the same way takes 4-26 % less time than the plain one: ``bench/cpu.py`` times both and sets
 #: the kernels against the faster. 2048 and 4096 bytes gave the same times; a request for an
 #: address past the array's end is harmless (prefetches never fault). The addresses are the
 #: bytes that follow in memory, which are the next elements for contiguous rows only.
