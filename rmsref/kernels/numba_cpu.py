@@ -340,9 +340,8 @@ def _prefetcher(write: bool):
             ptr = cgutils.get_item_pointer(context, builder, aty, arr, indices)
             i8p, i32, i64 = ir.IntType(8).as_pointer(), ir.IntType(32), ir.IntType(64)
             addr = builder.inttoptr(builder.add(builder.ptrtoint(ptr, i64), args[2]), i8p)
-            fn = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
-                "llvm.prefetch.p0")
+            fn = builder.module.declare_intrinsic(  # named for the pointer type llvmlite uses
+                "llvm.prefetch", [i8p], ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]))
             # (address, 1 = write / 0 = read, locality 3 = keep in all levels, 1 = data)
             builder.call(fn, [addr, ir.Constant(i32, int(write)), ir.Constant(i32, 3),
                               ir.Constant(i32, 1)])
@@ -722,9 +721,8 @@ def _y_bounded(w, y3) -> bool:
     max|w| is no number below the bound)."""
     if y3.dtype not in (BF16_BITS, F16_BITS):
         return True
-    half = bfloat16 if y3.dtype == BF16_BITS else np.dtype(np.float16)
-    return bool(math.sqrt(w.size) * np.max(np.abs(w), initial=0.0)
-                <= float(np.finfo(half).max) / 2)
+    largest = (2.0 - 2.0**-7) * 2.0**127 if y3.dtype == BF16_BITS else 65504.0  # finite
+    return bool(math.sqrt(w.size) * np.max(np.abs(w), initial=0.0) <= largest / 2)
 
 
 def _rms_fwd_v5(x3, w, bias, has_bias, kf, eps, y3, rstd_out, t0, t1):
