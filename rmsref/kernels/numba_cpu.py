@@ -309,14 +309,13 @@ def _wide_vectors_for(typingctx, x3):
 #: How far ahead of the elements a pipelined row loop works on it asks for memory, in bytes
 #: (software prefetch, one request per 64-byte cache line of each 64-element block, for
 #: every array the loop reads from memory or writes). Without it the loops stall on memory
-#: that the CPU's own prefetchers fetched too late: at 8192x4096 on 2 cores, against a plain
-#: row copy, the bfloat16 forward went from 1.5-1.8x its time to 1.3-1.5x, the float32
-#: forward from 1.1-1.2x to 1.0x and the float32 backward from 1.15-1.25x to 1.0x (the
-#: bfloat16 backward, limited by its arithmetic, 2.1-2.2x to 2.05x). A copy that asks ahead
-#: the same way takes 4-26 % less time than the plain one: ``bench/cpu.py`` times both and sets
-#: the kernels against the faster. 2048 and 4096 bytes gave the same times; a request for an
-#: address past the array's end is harmless (prefetches never fault). The addresses are the
-#: bytes that follow in memory, which are the next elements for contiguous rows only.
+#: that the CPU's own prefetchers fetch too late; with it the float32 kernels run at about a
+#: copy's time and the half forwards come closer to it (bench/results/cpu-summary.md, "What
+#: changed"). A copy that asks ahead the same way is faster than a plain one, so
+#: ``bench/cpu.py`` times both and sets the kernels against the faster. 1-8 KiB ahead gave
+#: about the same times. A request for an address past the array's end is harmless
+#: (prefetches never fault); the addresses are the bytes that follow in memory, which are
+#: the next elements for contiguous rows only.
 PREFETCH_AHEAD = 2048
 CACHE_LINE = 64
 
@@ -714,11 +713,10 @@ def _y_bounded(w, y3) -> bool:
     rounding a sum of nonnegative terms never makes it smaller than a term), so
     |x_j|·rstd <= sqrt(N) up to float64 rounding, and |y_j| <= sqrt(N)·max|w|·(1 + 2^-21)
     after the float32 roundings of rstd, w, x·rstd and y; half the largest finite value is
-    far below the tie that rounds to inf. Leaving the test out took 12 % (bfloat16) and, with
-    float16's ``lost_in_work`` known False, 23 % (float16) off a forward in cache
-    (bench/halfrow.py). A NaN y needs a NaN or infinite x (then Σx² is
-    NaN or inf, and rstd NaN or 0, outside the route's range) or a NaN or infinite w (then
-    max|w| is no number below the bound)."""
+    far below the tie that rounds to inf. A NaN y needs a NaN or infinite x (then Σx² is NaN
+    or inf, and rstd NaN or 0, outside the route's range) or a NaN or infinite w (then max|w|
+    is no number below the bound). The test left out is a good part of a half forward's
+    arithmetic per element (bench/halfrow.py; bench/results/cpu-summary.md)."""
     if y3.dtype not in (BF16_BITS, F16_BITS):
         return True
     largest = (2.0 - 2.0**-7) * 2.0**127 if y3.dtype == BF16_BITS else 65504.0  # finite
