@@ -121,12 +121,12 @@ def test_a_value_that_rounds_to_inf_only_through_float32_is_not_inf():
 @pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float16)], ids=["bfloat16", "float16"])
 def test_the_forward_tests_y_for_inf_and_nan_where_the_weight_allows_them(dtype):
     """The pipelined forward leaves out the per-element test of y for inf and NaN when the
-    weight rules them out, sqrt(N)·max|w| <= half the largest finite value (``_y_bounded``).
-    With x = (1, 0, 0, 0) and eps = 0 (rstd = 2, exact; 40 rows, so the pipelined loop takes
-    them), y_0 = 2·w_0: at w_0 = half the largest finite value / 2 (on the bound) y_0 is finite
-    and the oracle's; a weight NaN with every payload bit set, whose float32 route carries the
-    payload into the sign of a bfloat16 (-0.0), gives NaN with the oracle's bits, and an
-    infinite weight the oracle's inf."""
+    weight rules them out, sqrt(N)·max|w| <= half the float32 value that rounds to inf
+    (``_y_bounded``). With x = (1, 0, 0, 0) and eps = 0 (rstd = 2, exact; 40 rows, so the
+    pipelined loop takes them), y_0 = 2·w_0: at w_0 = a quarter of the largest finite value
+    (inside the bound, just) y_0 is finite and the oracle's; a weight NaN with every payload
+    bit set, whose float32 route carries the payload into the sign of a bfloat16 (-0.0), gives
+    NaN with the oracle's bits, and an infinite weight the oracle's inf."""
     n = 4
     x = np.tile(np.array([1.0, 0.0, 0.0, 0.0]), (40, 1)).astype(dtype)
     largest = float(ml_dtypes.finfo(dtype).max)

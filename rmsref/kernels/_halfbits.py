@@ -565,14 +565,14 @@ def _from_work_impl(v, out):
 #: A float32 value there or above (inf and NaN included) may not be the float64 route's:
 #: rounded to float32 first, a value just below the tie becomes the tie and goes to inf
 #: (even), where rounded once it is the largest finite value.
-F32_BITS_TO_INF = {types.int16: 0x7F7F8000, types.uint16: 0x477FF000}
+F32_BITS_TO_INF = {BF16_BITS: 0x7F7F8000, F16_BITS: 0x477FF000}
 
 
 @overload(outside_work, jit_options={"nogil": True})
 def _outside_work_impl(v, out):
     if v != types.float32 or out.dtype not in (types.int16, types.uint16):
         return lambda v, out: outside_normal(v, out)
-    to_inf = np.int32(F32_BITS_TO_INF[out.dtype])
+    to_inf = np.int32(F32_BITS_TO_INF[np.dtype(out.dtype.name)])  # int16/uint16: the views
     # bits of |v| at or above those of the tie that rounds to inf (inf and NaN above it)
     return lambda v, out: (np.float32(v).view(np.int32) & np.int32(0x7FFFFFFF)) >= to_inf
 

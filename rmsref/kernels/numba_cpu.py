@@ -179,6 +179,7 @@ from rmsref._shapes import (
 from rmsref.kernels._halfbits import (
     BF16_BITS,
     F16_BITS,
+    F32_BITS_TO_INF,
     add_square,
     as_work,
     from_f64,
@@ -706,21 +707,21 @@ def _y_bounded(w, y3) -> bool:
     """Whether no y of a row can round to inf or be NaN on the float32 route when the row's
     rstd is unscaled and in ``work_in_range`` (every other row is written again anyway), so
     that the loop need not test each y_j (``outside_work``): y3 does not hold a half type (its
-    y are not on that route), or sqrt(N)·max|w| is at most half the half type's largest
-    finite value.
+    y are not on that route), or sqrt(N)·max|w| is at most half of T, the float32 value from
+    which the half type's rounding goes to inf (``_halfbits.F32_BITS_TO_INF``).
 
     Why that suffices: Σx² in float64 is at least each x_j² (the squares are exact, and
     rounding a sum of nonnegative terms never makes it smaller than a term), so
     |x_j|·rstd <= sqrt(N) up to float64 rounding, and |y_j| <= sqrt(N)·max|w|·(1 + 2^-21)
-    after the float32 roundings of rstd, w, x·rstd and y; half the largest finite value is
-    far below the tie that rounds to inf. A NaN y needs a NaN or infinite x (then Σx² is NaN
-    or inf, and rstd NaN or 0, outside the route's range) or a NaN or infinite w (then max|w|
-    is no number below the bound). The test left out is a good part of a half forward's
-    arithmetic per element (bench/halfrow.py; bench/results/cpu-summary.md)."""
+    after the float32 roundings of rstd, w, x·rstd and y, which is below T. A NaN y needs a
+    NaN or infinite x (then Σx² is NaN or inf, and rstd NaN or 0, outside the route's range)
+    or a NaN or infinite w (then max|w| is no number below the bound). The test left out is a
+    good part of a half forward's arithmetic per element (bench/halfrow.py;
+    bench/results/cpu-summary.md)."""
     if y3.dtype not in (BF16_BITS, F16_BITS):
         return True
-    largest = (2.0 - 2.0**-7) * 2.0**127 if y3.dtype == BF16_BITS else 65504.0  # finite
-    return bool(math.sqrt(w.size) * np.max(np.abs(w), initial=0.0) <= largest / 2)
+    to_inf = float(np.array([F32_BITS_TO_INF[y3.dtype]], np.uint32).view(np.float32)[0])
+    return bool(math.sqrt(w.size) * np.max(np.abs(w), initial=0.0) <= to_inf / 2)
 
 
 def _rms_fwd_v5(x3, w, bias, has_bias, kf, eps, y3, rstd_out, t0, t1):
