@@ -187,3 +187,57 @@ def test_slow_state_reproducer_runs(capsys):
     for name in ("LayerNorm bwd", "RMSNorm bwd", "LayerNorm fwd", "RMSNorm fwd"):
         assert f"{name} " in out, name
     assert "rounds with a kernel over 2x its first reading: " in out
+
+
+@pytest.mark.slow  # compiles the backward's row helper and its rebuilt variant
+def test_halfbwd_rebuilt_row_is_the_kernels_row():
+    """bench/halfbwd.py times variants of the backward's row that differ from the kernel's only
+    where they say: its "as rebuilt" row must give the kernel's bits (dx, the dweight partial
+    row, the next row's Σ dxhat·x). A change to ``_bwd_row_and_dot`` that the bench does not
+    follow fails here."""
+    from numba import njit
+
+    import rmsref
+    from bench.halfbwd import _rows
+    from rmsref.kernels import numba_cpu as K
+
+    rebuilt = _rows()["as rebuilt"]
+
+    @njit
+    def both(g3, x3, w, dx_a, dx_b, parts_a, parts_b):
+        a = K._bwd_row_and_dot(g3, x3, 0, 0, w, 0.7, 0.03, dx_a, parts_a, 0, 0, 1)
+        b = rebuilt(g3, x3, 0, 0, w, w.astype(np.float32), 0.7, 0.03, dx_b, parts_b,
+                    np.zeros(1, np.float32), 0, 0, 1, np.float32(0.0))
+        return a[0], b[0], a[1], b[1]
+
+    rng = np.random.default_rng(5)
+    for dtype in (rmsref.bfloat16, np.dtype(np.float16), np.dtype(np.float32)):
+        x3 = K._bits(rng.standard_normal((1, 2, 192)).astype(dtype))
+        g3 = K._bits(rng.standard_normal((1, 2, 192)).astype(dtype))
+        w = 1.0 + 0.1 * rng.standard_normal(192)
+        dx_a, dx_b = np.zeros_like(x3), np.zeros_like(x3)  # row 1 is only read
+        parts_a, parts_b = np.zeros((1, 192)), np.zeros((1, 192))
+        s_a, s_b, out_a, out_b = both(g3, x3, w, dx_a, dx_b, parts_a, parts_b)
+        assert s_a == s_b and out_a == out_b, dtype
+        np.testing.assert_array_equal(dx_a, dx_b, err_msg=str(dtype))
+        np.testing.assert_array_equal(parts_a, parts_b, err_msg=str(dtype))
+
+
+@pytest.mark.slow  # compiles three row variants and the default backward
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_halfbwd_accuracy_table_supports_the_summary(dtype):
+    """What bench/results/cpu-summary.md reads from bench/halfbwd.py's accuracy table, at a
+    small size: the float64 route and the compensated float32 dx keep the half contract
+    (>= 99.9 % of dx bit-equal to the oracle's, none more than one ulp away) on every kind of
+    data, while a plain float32 dx loses it where dy lies along y (cancellation)."""
+    import rmsref
+    from bench.halfbwd import DATA, accuracy
+
+    got = accuracy(rmsref.bfloat16 if dtype == "bfloat16" else np.dtype(dtype), 256, 16)
+    for kind in DATA:
+        for route in ("shipped kernel", "float64 dx (as rebuilt)", "compensated float32 dx"):
+            equal, beyond_one_ulp, _, _ = got[kind, route]
+            assert equal >= 99.9 and beyond_one_ulp == 0.0, (kind, route, got[kind, route])
+    equal, beyond_one_ulp, _, flagged = got["dy = y, w = 1", "float32 dx"]
+    assert equal < 99.9 and beyond_one_ulp > 0.0, got["dy = y, w = 1", "float32 dx"]
+    assert flagged == 100.0  # the cancellation test would send every row back to float64

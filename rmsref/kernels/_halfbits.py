@@ -601,15 +601,19 @@ def add_square(acc, v, x):
 
 @intrinsic
 def _fma(typingctx, a, b, c):
-    """a·b + c rounded once: LLVM's ``llvm.fma.f64`` (a vector FMA in vectorised loops)."""
+    """a·b + c rounded once, in the operands' type (all float32 or all float64): LLVM's
+    ``llvm.fma`` (a vector FMA in vectorised loops)."""
     from llvmlite import ir
 
+    if not (a == b == c and a in (types.float32, types.float64)):
+        return None  # no such signature: Numba reports a typing error naming the types
+
     def codegen(context, builder, signature, args):
-        f64 = ir.DoubleType()
-        fma = builder.module.declare_intrinsic("llvm.fma", [f64], ir.FunctionType(f64, [f64] * 3))
+        t = context.get_value_type(signature.return_type)
+        fma = builder.module.declare_intrinsic("llvm.fma", [t], ir.FunctionType(t, [t] * 3))
         return builder.call(fma, args)
 
-    return types.float64(types.float64, types.float64, types.float64), codegen
+    return a(a, a, a), codegen
 
 
 @overload(add_square, jit_options={"nogil": True})
