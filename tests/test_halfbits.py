@@ -327,3 +327,23 @@ def test_add_square_has_the_bits_of_a_product_then_a_sum(rng, dtype):
         fused = np.array([float(Fraction(a) + Fraction(b) ** 2)
                           for a, b in zip(acc, v, strict=True)])
         assert (fused != acc + v * v).any()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fma_rounds_once_in_its_operands_type(dtype):
+    """``_fma(a, b, c)`` is a·b + c rounded once in the operands' type (float32 for the
+    compensated difference bench/halfbwd.py measures, float64 for Σx²): (1 + u)(1 − u) − 1 is
+    −u² exactly, which a rounded product (1 − u² -> 1) would lose. Mixed types are refused."""
+    from numba import njit
+    from numba.core.errors import TypingError
+
+    @njit
+    def fma(a, b, c):
+        return hb._fma(a, b, c)
+
+    u = dtype(np.finfo(dtype).eps)
+    a, b, c = dtype(1) + u, dtype(1) - u, dtype(-1)
+    assert a * b + c == 0  # the product rounded first: the -u² is lost
+    assert fma(a, b, c) == -(u * u) != 0
+    with pytest.raises(TypingError):
+        fma(np.float32(1), 1.0, 1.0)
