@@ -52,6 +52,7 @@ import platform
 import sys
 import time
 
+import ml_dtypes
 import numpy as np
 from numba import njit
 
@@ -174,8 +175,8 @@ def _timed(row):
 
 
 def _precision(dtype: np.dtype) -> int:
-    """Significand bits of the half type (8 for bfloat16, 11 for float16; 24 for float32)."""
-    return {rmsref.bfloat16: 8, np.dtype(np.float16): 11}.get(dtype, 24)
+    """Significand bits p of ``dtype``, the implicit bit included (8 bfloat16, 11 float16)."""
+    return int(ml_dtypes.finfo(dtype).nmant) + 1  # (NumPy 1.x has no finfo for bfloat16)
 
 
 def speed(dtype: np.dtype, n: int, reps: int, rounds: int) -> dict[str, float]:
@@ -285,6 +286,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--n must be a multiple of {K.LANES}, got {args.n}")
     dtypes = {"bfloat16": rmsref.bfloat16, "float16": np.dtype(np.float16),
               "float32": np.dtype(np.float32)}
+    unknown = [name for name in args.dtypes.split(",") if name not in dtypes]
+    if unknown:
+        p.error(f"--dtypes takes {', '.join(dtypes)}; got {', '.join(map(repr, unknown))}")
     import numba
 
     print(f"# bench/halfbwd.py: {platform.machine()}, numba {numba.__version__}, numpy "
