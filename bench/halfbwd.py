@@ -6,11 +6,15 @@ float32 would save, and cost in accuracy.
 
 The default backward's row (``numba_cpu._bwd_row_and_dot``) writes row r's dx and dweight terms
 while summing row r + 1's Σ dxhat·x, all in float64; a half dx is rounded to float32 and then
-to the half type. ``bench/halfrow.py`` times it whole; here it is rebuilt from its steps, and
-each variant leaves a step out or does it in float32, timed as ``halfrow`` times it (one
-thread, two rows in cache, ns per element, the minimum over interleaved rounds):
+to the half type. ``bench/halfrow.py`` times that row whole; here it is rebuilt from its steps,
+and each variant leaves a step out or does it in float32, timed as ``halfrow`` times it (one
+thread, two rows in cache, ns per element, the minimum over interleaved rounds). float16 calls
+whose weight allows it now take the compensated float32 dx below instead
+(``numba_cpu._bwd_row_and_dot_f32``: the "+ dweight loop" row, bit for bit).
 
-- shipped: the kernel's own row helper.
+- shipped: the kernel's own row helper (the float64 dx route).
+- shipped float32 dx: the kernel's float32 dx route (``_bwd_row_and_dot_f32``), half rows
+  only.
 - as rebuilt: every step, as the kernel writes it. It should read as "shipped" (and
   ``tests/test_bench_cpu.py`` checks that it gives the same bits), so that the other rows
   differ from the kernel only where they say.
@@ -76,8 +80,8 @@ _DX32 = """
             dx3[b, i, j] = from_work(dxj, dx3)
 """
 _DXFMA = """
-            g = to_work(g3[b, i, j], dx3)  # exact
-            xw = to_work(x3[b, i, j], dx3)  # exact
+            g = np.float32(to_work(g3[b, i, j], dx3))  # exact (float32 rows: from float64)
+            xw = np.float32(to_work(x3[b, i, j], dx3))  # exact
             t = fma(-xw, rc_hi, g * w32[j])  # g·w exact (a half weight); x·rc_hi exact inside
             t = fma(-xw, rc_lo, t)  # the rest of x·rstd·c
             dxj = rstd32 * t  # (7)
@@ -154,7 +158,8 @@ def _rows():
 
 def _timed(row):
     """A loop calling ``row`` ``reps`` times on rows 0 (written) and 1 (summed), as
-    ``bench/halfrow.py`` times the kernel's row; ``row`` None: the kernel's own."""
+    ``bench/halfrow.py`` times the kernel's row; ``row`` None: the kernel's own, "f32": the
+    kernel's float32 dx row."""
 
     @njit(nogil=True, error_model="numpy")
     def loop(g3, x3, w, w32, dx3, parts, dw32, cancel, reps):
@@ -165,6 +170,9 @@ def _timed(row):
             if row is None:
                 s, outside = K._bwd_row_and_dot(g3, x3, 0, 0, w, rstd, 0.01, dx3, parts, 0, 0,
                                                 1)
+            elif row == "f32":
+                s, outside = K._bwd_row_and_dot_f32(g3, x3, 0, 0, w32, rstd, 0.01, dx3, parts,
+                                                    0, 0, 1)
             else:
                 s, outside = row(g3, x3, 0, 0, w, w32, rstd, 0.01, dx3, parts, dw32, 0, 0, 1,
                                  cancel)
@@ -189,7 +197,10 @@ def speed(dtype: np.dtype, n: int, reps: int, rounds: int) -> dict[str, float]:
     w32 = w.astype(np.float32)
     parts, dw32 = np.zeros((1, n)), np.zeros(n, np.float32)
     cancel = np.float32(2.0 ** -_precision(dtype))
-    loops = {"shipped": _timed(None)} | {name: _timed(r) for name, r in _rows().items()}
+    loops = {"shipped": _timed(None)}
+    if np.dtype(dtype).itemsize == 2:  # the float32 dx route is for half rows only
+        loops["shipped float32 dx"] = _timed("f32")
+    loops |= {name: _timed(r) for name, r in _rows().items()}
     for loop in loops.values():
         loop(g3, x3, w, w32, dx3, parts, dw32, cancel, 1)  # compile
     best = dict.fromkeys(loops, float("inf"))
@@ -297,11 +308,12 @@ def main(argv: list[str] | None = None) -> int:
           f"load average {os.getloadavg()[0]:.2f}\n")
     times = {name: speed(dtypes[name], args.n, args.reps, args.rounds)
              for name in args.dtypes.split(",")}
-    names = list(next(iter(times.values())))
+    names = list(max(times.values(), key=len))
     print("| row | " + " | ".join(times) + " |")
     print("|---|" + "---:|" * len(times))
     for v in names:
-        print(f"| {v} | " + " | ".join(f"{t[v]:.3f}" for t in times.values()) + " |")
+        print(f"| {v} | " + " | ".join("-" if v not in t else f"{t[v]:.3f}"
+                                       for t in times.values()) + " |")
     print(f"\nload average {os.getloadavg()[0]:.2f}\n")
     print(f"dx against the oracle's on {args.rows} rows of {args.n} of each kind: % of "
           "elements bit-equal, % more than 1 ulp away, % of rows with such an element, % of "

@@ -14,7 +14,9 @@ this script takes the memory out (two rows of x and dy, a weight row and an outp
 - fwd row: the forward's pipelined row (``_write_and_sumsq``): write row r, sum row r + 1, in
   the working precision (float32 for half types: ``_halfbits.to_work``).
 - write row: the forward's unpipelined write (``_rms_write``), which half rows take.
-- bwd row: the backward's pipelined row (``_bwd_row_and_dot``).
+- bwd row: the backward's pipelined row on the route the library takes for the dtype
+  (``_bwd_row_and_dot``; for float16 with a float16 weight, the float32 dx of
+  ``_bwd_row_and_dot_f32``: ``numba_cpu._f32_weight``).
 - add fwd row, add bwd row: the fused residual add's pipelined rows (``_add_write_and_sumsq``,
   ``_add_dh_and_dot``; h = x + r in float64, no dresidual_out): two inputs and two outputs
   per element where RMSNorm has one of each.
@@ -81,12 +83,16 @@ def _kernels():
             K._rms_write(x3, 0, 0, w, ww, w, False, y3, 1.0 + rep * 1e-9, 0)
 
     @njit(**opts)
-    def bwd_row(g3, x3, w, dx3, parts, reps):
+    def bwd_row(g3, x3, w, w32, dx3, parts, reps):
         K._wide_vectors_for(g3)  # as the kernels: 512-bit vectors for half rows
         t = 0.0
         for rep in range(reps):
-            t += K._bwd_row_and_dot(g3, x3, 0, 0, w, 1.0 + rep * 1e-9, 0.01, dx3, parts, 0, 0,
-                                    1)[0]
+            if w32 is None:  # the route, as the kernel chooses it (when compiled)
+                t += K._bwd_row_and_dot(g3, x3, 0, 0, w, 1.0 + rep * 1e-9, 0.01, dx3, parts,
+                                        0, 0, 1)[0]
+            else:
+                t += K._bwd_row_and_dot_f32(g3, x3, 0, 0, w32, 1.0 + rep * 1e-9, 0.01, dx3,
+                                            parts, 0, 0, 1)[0]
         return t
 
     @njit(**opts)
@@ -125,9 +131,9 @@ def _kernel_loops():
             K._rms_fwd_pipelined(x3, w, 1e-6, y3, rstd_out, redo, 0, blocks)
 
     @njit(**opts)
-    def bwd(g3, x3, w, rstd, dx3, parts, redo, reps):
+    def bwd(g3, x3, w, w32, rstd, dx3, parts, redo, reps):
         for _ in range(reps):
-            K._rms_bwd_pipelined(g3, x3, w, rstd, dx3, parts, redo, 0, parts.shape[0])
+            K._rms_bwd_pipelined(g3, x3, w, w32, rstd, dx3, parts, redo, 0, parts.shape[0])
 
     return fwd, bwd
 
@@ -150,14 +156,15 @@ def in_cache(dtype: np.dtype, n: int, reps: int, rounds: int) -> dict[str, float
     x3 = K._bits(x.reshape(1, rows, n))
     g3 = K._bits(rng.standard_normal((1, rows, n)).astype(dtype))
     out3 = np.empty_like(x3)
-    w = 1.0 + 0.1 * rng.standard_normal(n)
+    w = (1.0 + 0.1 * rng.standard_normal(n)).astype(dtype).astype(np.float64)  # as bench/cpu.py
+    w32 = K._f32_weight(g3, x3, out3, w)  # the library's dx route
     rstd_out = np.empty(rows, K._stat_dtype(np.dtype(dtype)))
     rstd = 1.0 / np.sqrt(np.mean(np.square(x.astype(np.float64)), axis=1) + 1e-6)
     parts = np.empty((-(-rows // K.ROWS_PER_PART), n))
     redo = np.empty(rows, np.bool_)  # rows the kernel would have written again (none here)
     calls = {
         "fwd kernel": lambda r: fwd(x3, w, out3, rstd_out, redo, r),
-        "bwd kernel": lambda r: bwd(g3, x3, w, rstd, out3, parts, redo, r),
+        "bwd kernel": lambda r: bwd(g3, x3, w, w32, rstd, out3, parts, redo, r),
     }
     for call in calls.values():
         call(1)  # compile
@@ -179,14 +186,15 @@ def measure(dtype: np.dtype, n: int, reps: int, rounds: int) -> dict[str, float]
     g3 = K._bits(rng.standard_normal((1, 2, n)).astype(dtype))
     r3 = K._bits(rng.standard_normal((1, 2, n)).astype(dtype))
     y3, res3 = np.empty_like(x3), np.empty_like(x3)
-    w = rng.standard_normal(n)
+    w = rng.standard_normal(n).astype(dtype).astype(np.float64)  # a weight in x's dtype
+    w32 = K._f32_weight(g3, x3, y3, w)  # the library's dx route
     parts = np.zeros((1, n))
     calls = {
         "sumsq": lambda r: sumsq(x3, r),
         "encode exact": lambda r: encode_exact(x3, w, y3, r),
         "fwd row": lambda r: fwd_row(x3, w, y3, r),
         "write row": lambda r: write_row(x3, w, y3, r),
-        "bwd row": lambda r: bwd_row(g3, x3, w, y3, parts, r),
+        "bwd row": lambda r: bwd_row(g3, x3, w, w32, y3, parts, r),
         "add fwd row": lambda r: add_fwd_row(x3, r3, w, y3, res3, r),
         "add bwd row": lambda r: add_bwd_row(g3, x3, r3, w, y3, res3, parts, r),
     }

@@ -223,6 +223,39 @@ def test_halfbwd_rebuilt_row_is_the_kernels_row():
         np.testing.assert_array_equal(parts_a, parts_b, err_msg=str(dtype))
 
 
+@pytest.mark.slow  # compiles the float32 dx row and its rebuilt variant
+def test_halfbwd_compensated_row_is_the_kernels_float32_row():
+    """The float16 backward's float32 dx row (``_bwd_row_and_dot_f32``) is bench/halfbwd.py's
+    "+ dweight loop" variant, bit for bit (dx, the dweight partial row, the next row's sum),
+    so the bench's figures for that variant are the shipped row's."""
+    from numba import njit
+
+    from bench.halfbwd import _rows
+    from rmsref.kernels import numba_cpu as K
+
+    rebuilt = _rows()["+ dweight loop"]
+
+    @njit
+    def both(g3, x3, w, w32, dx_a, dx_b, parts_a, parts_b):
+        a = K._bwd_row_and_dot_f32(g3, x3, 0, 0, w32, 0.7, 0.03, dx_a, parts_a, 0, 0, 1)
+        b = rebuilt(g3, x3, 0, 0, w, w32, 0.7, 0.03, dx_b, parts_b, np.zeros(1, np.float32),
+                    0, 0, 1, np.float32(0.0))
+        return a[0], b[0], a[1], b[1]
+
+    rng = np.random.default_rng(6)
+    x3 = K._bits(rng.standard_normal((1, 2, 192)).astype(np.float16))
+    g3 = K._bits(rng.standard_normal((1, 2, 192)).astype(np.float16))
+    w = (1.0 + 0.1 * rng.standard_normal(192)).astype(np.float16).astype(np.float64)
+    w32 = K._f32_weight(g3, x3, x3, w)
+    assert w32 is not None
+    dx_a, dx_b = np.zeros_like(x3), np.zeros_like(x3)
+    parts_a, parts_b = np.zeros((1, 192)), np.zeros((1, 192))
+    s_a, s_b, out_a, out_b = both(g3, x3, w, w32, dx_a, dx_b, parts_a, parts_b)
+    assert s_a == s_b and out_a == out_b
+    np.testing.assert_array_equal(dx_a, dx_b)
+    np.testing.assert_array_equal(parts_a, parts_b)
+
+
 @pytest.mark.slow  # compiles three row variants and the default backward
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_halfbwd_accuracy_table_supports_the_summary(dtype):
@@ -241,3 +274,18 @@ def test_halfbwd_accuracy_table_supports_the_summary(dtype):
     equal, beyond_one_ulp, _, flagged = got["dy = y, w = 1", "float32 dx"]
     assert equal < 99.9 and beyond_one_ulp > 0.0, got["dy = y, w = 1", "float32 dx"]
     assert flagged == 100.0  # the cancellation test would send every row back to float64
+
+
+@pytest.mark.slow  # compiles every row variant for three dtypes
+def test_halfbwd_runs_for_every_dtype(capsys):
+    """bench/halfbwd.py at a tiny size, every dtype it offers: each variant compiles for each
+    (a float32 row once met a float32-only helper with float64 operands) and the tables
+    come out, with no timing for the half-only row on float32."""
+    from bench.halfbwd import main
+
+    assert main(["--n", "128", "--reps", "2", "--rounds", "1", "--rows", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "| row | bfloat16 | float16 | float32 |" in out
+    shipped32 = next(line for line in out.splitlines() if line.startswith("| shipped float32"))
+    assert shipped32.endswith("| - |"), shipped32
+    assert "| float16 | dy = y, w = 1 | compensated float32 dx |" in out

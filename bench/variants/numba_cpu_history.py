@@ -52,7 +52,9 @@ RMSNorm backward (dx, dweight, dbias; rows grouped into parts of ``ROWS_PER_PART
     v6  as v5, and a call without a saved rstd takes the pipelined kernel too: its rows' rstd
         are first computed with the forward's code (``_rms_rstd``, the values v3 recomputes),
         one more read of x. Its first call then compiles neither v3 nor v3's recomputation.
-        (the library's default)
+        A float16 call whose weight allows it computes dx in float32, compensated
+        (``_dx_f32``), in its pipelined kernel and in v3 alike; v1-v5 here keep the float64
+        dx. (the library's default)
 """
 
 from __future__ import annotations
@@ -213,8 +215,8 @@ def _rms_bwd_v1(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, d
             else:  # (1)-(2) recomputed
                 rstd_s, k = _rstd_from_sumsq(_sumsq_v1(x3, b, i, kf), x3, b, i, kf, eps)
             s = _dot_v1(dy3, x3, b, i, w, x3.shape[2], k)
-            _rms_bwd_row(dy3, x3, b, i, w, kf, rstd_s, k, s, dx3, want_dw, want_db, dw_parts,
-                         db_parts, p)
+            _rms_bwd_row(dy3, x3, b, i, w, None, kf, rstd_s, k, s, dx3, want_dw, want_db,
+                         dw_parts, db_parts, p)
 
 
 @njit(**_PAR)
@@ -232,8 +234,8 @@ def _rms_bwd_v2(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, d
             else:  # (1)-(2) recomputed with the forward's code
                 rstd_s, k = _rstd_from_sumsq(_sumsq_v2(x3, b, i, kf), x3, b, i, kf, eps)
             s = _dot_v2(dy3, x3, b, i, w, x3.shape[2], k)
-            _rms_bwd_row(dy3, x3, b, i, w, kf, rstd_s, k, s, dx3, want_dw, want_db, dw_parts,
-                         db_parts, p)
+            _rms_bwd_row(dy3, x3, b, i, w, None, kf, rstd_s, k, s, dx3, want_dw, want_db,
+                         dw_parts, db_parts, p)
 
 
 @njit(**_PAR)
@@ -270,7 +272,7 @@ def _rms_bwd_v4(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, d
                 if outside:  # a half dx outside the normal range: the row again, exactly
                     _bwd_dx_exact(dy3, x3, b, i, w, rstd_s, c, dx3)
             else:
-                _rms_bwd_row(dy3, x3, b, i, w, kf, rstd_s, k, s, dx3, want_dw, want_db,
+                _rms_bwd_row(dy3, x3, b, i, w, None, kf, rstd_s, k, s, dx3, want_dw, want_db,
                              dw_parts, db_parts, p)
 
 

@@ -76,19 +76,28 @@ Numerical contract
   step, as torch's opmath does: RMSNorm's y is computed in float32 arithmetic,
   fl(fl(x·fl(rstd))·fl(w')) (x and a half weight are exact in float32), and dx (RMSNorm and
   LayerNorm), LayerNorm's y and the fused add's y are computed in float64 and rounded to float32
-  first; the float32 value is then rounded (RNE) to the half type. So an element may differ
-  from the oracle's float64 value rounded once only where that value lies within a few float32
-  ulps of a half rounding boundary: >= 99.9 % of elements are bit-equal to the oracle's, the
-  rest one ulp away (tests/test_numba_cpu_half.py, on every bit pattern; measured 99.98-100 %),
-  always within the tolerance model's bound. Float32 arithmetic for y is what brings a half
-  forward near float32's time per element (bench/cpu.py); dx stays float64 because its two
-  terms can cancel, which float32 would turn into large relative errors. A row with an output
-  that rounds to inf or is NaN is written again in float64 and rounded once, so those rows have
-  the oracle's bits (through float32, a value just below the tie between the largest finite
-  half value and inf may round to inf where rounded once it is finite). So is, for y, a row
-  whose rstd is outside [2^-100, 2^100], where float32 products could overflow or lose bits,
-  or in which the float32 x·rstd of a nonzero x falls below float32's normal range (a tiny x
-  beside large ones, whose y a large w' makes an ordinary half value).
+  first; the float32 value is then rounded (RNE) to the half type. RMSNorm's float16 dx, where the
+  weight allows it (at most 13 significant bits, as a float16 weight has: ``_f32_weight``), is
+  computed in float32 arithmetic instead, compensated: dx = rstd·(g·w − x·(rstd·c)) with g·w
+  exact, rstd·c carried in two float32 parts and each product added by a fused multiply-add, so
+  the difference keeps 24 bits however much its terms cancel (``_dx_f32``; a plain float32 dx,
+  measured in bench/halfbwd.py, loses the contract below where dy lies along y). So an element may
+  differ from the oracle's float64 value rounded once only where that value lies within a few
+  float32 ulps of a half rounding boundary: >= 99.9 % of elements are bit-equal to the oracle's,
+  the rest one ulp away (tests/test_numba_cpu_half.py, on every bit pattern and on dy along y;
+  measured 99.98-100 %), always within the tolerance model's bound (a dx cancelled below 2^-35 of
+  its projection term, which the float64 route keeps to 2^-41, can be further off in ulps of
+  itself, not of that term). Float32 arithmetic is what brings a half forward near float32's time
+  per element, and what makes the float16 backward's arithmetic cheaper (bench/cpu.py,
+  bench/halfbwd.py). A row with an output that rounds to inf or is NaN is written again in float64
+  and rounded once, so those rows have the oracle's bits (through float32, a value just below the
+  tie between the largest finite half value and inf may round to inf where rounded once it is
+  finite). So is, for y, a row whose rstd is outside [2^-100, 2^100], where float32 products could
+  overflow or lose bits, or in which the float32 x·rstd of a nonzero x falls below float32's
+  normal range (a tiny x beside large ones, whose y a large w' makes an ordinary half value); and,
+  for the float32 dx, a row whose rstd or rstd·c is outside [2^-100, 2^100] is computed in float64
+  and rounded through float32, as the other dtypes' (``_f32_dx_row``). The float32 dx route also
+  gives dweight's terms as (dy·x)·rstd, dy·x exact, where the float64 route has dy·(x·rstd).
 - Saved statistics: rstd (and LayerNorm's mean) in float32 for float16/bfloat16 inputs (what
   torch saves), float64 for float32 and float64 inputs. For float32 that is a choice: the value
   is computed in float64 anyway and costs 8 bytes per row, and a float64 rstd lets the backward
@@ -180,6 +189,7 @@ from rmsref.kernels._halfbits import (
     BF16_BITS,
     F16_BITS,
     F32_BITS_TO_INF,
+    _fma,
     add_square,
     as_work,
     from_f64,
@@ -265,8 +275,9 @@ LANES = 64
 
 
 @intrinsic
-def _zero_lanes(typingctx):
-    """LANES float64 zeros on the stack of the kernel this is inlined into, as a pointer.
+def _zero_lanes(typingctx, dtype):
+    """LANES zeros of ``dtype`` (np.float64, np.float32) on the stack of the kernel this is
+    inlined into, as a pointer.
 
     ``np.zeros(LANES)`` put the lanes on the heap, and LLVM then kept them there: each 64
     elements of a row loaded and stored all 64 lanes (16 loads, 16 stores), and the stores
@@ -277,13 +288,16 @@ def _zero_lanes(typingctx):
     from llvmlite import ir
     from numba.core import cgutils
 
+    elem = dtype.dtype  # np.float64 is typed as the class of float64
+
     def codegen(context, builder, signature, args):
-        lanes_t = ir.ArrayType(ir.DoubleType(), LANES)
+        t = context.get_value_type(elem)
+        lanes_t = ir.ArrayType(t, LANES)
         lanes = cgutils.alloca_once(builder, lanes_t)  # in the entry block: one per call site
         builder.store(lanes_t(None), lanes)  # zeroed wherever the call is
-        return builder.bitcast(lanes, ir.DoubleType().as_pointer())
+        return builder.bitcast(lanes, t.as_pointer())
 
-    return types.CPointer(types.float64)(), codegen
+    return types.CPointer(elem)(dtype), codegen
 
 
 @intrinsic
@@ -380,7 +394,14 @@ def _lanes():
     Inlined by Numba (``inline="always"``) so that the stack array belongs to the caller's
     frame: compiled as a function of its own, it would return a pointer into its own finished
     frame."""
-    return carray(_zero_lanes(), LANES)
+    return carray(_zero_lanes(np.float64), LANES)
+
+
+@njit(**_INL)
+def _lanes32():
+    """LANES float32 zeros on the stack, as ``_lanes``: a block's values kept for a second
+    loop over the block (``_bwd_row_and_dot_f32``)."""
+    return carray(_zero_lanes(np.float32), LANES)
 
 
 @njit(**_INL)
@@ -774,14 +795,70 @@ def _coef_from_xhat(g3, x3, b, i, w, kf, rstd_s, k):
     return c / kf
 
 
+#: The compensated float32 dx (``_dx_f32``) takes a row whose rstd and rstd·c lie within
+#: 2^+-F32_DX_RANGE: then no float32 product overflows, and the errors of values that underflow
+#: are too small to move a half dx (the note at ``_f32_weight``).
+F32_DX_RANGE = 100
+
+
 @njit(**_INL)
-def _rms_bwd_row(g3, x3, b, i, w, kf, rstd_s, k, s, dx3, want_dw, want_db, dw_parts, db_parts,
-                 p):
+def _split32(v):
+    """(hi, lo) float32 with hi + lo = v to about 48 bits: hi = fl32(v), lo = fl32(v − hi)
+    (v − hi is exact in float64)."""
+    hi = np.float32(v)
+    return hi, np.float32(v - np.float64(hi))
+
+
+@njit(**_INL)
+def _dx_f32(g, xj, wj, rstd32, rc_hi, rc_lo):
+    """dx_j = rstd·(g·w − x·(rstd·c)) in float32 arithmetic, eqs. (5)-(7) with xhat·c written
+    x·(rstd·c): g·w is exact in float32 (a half g, a weight of few bits), and rstd·c is carried
+    as rc_hi + rc_lo, each product with x added by a fused multiply-add (one rounding), so the
+    difference keeps float32's 24 bits however much g·w and x·rstd·c cancel."""
+    t = _fma(-xj, rc_hi, g * wj)  # dxhat − x·rc_hi, rounded once
+    t = _fma(-xj, rc_lo, t)  # − the rest of x·rstd·c
+    return rstd32 * t  # (7)
+
+
+@njit(**_INL)
+def _f32_dx_row(rstd_s, c):
+    """Whether a row may take the float32 dx (``F32_DX_RANGE``; False for NaN)."""
+    lo, hi = 2.0**-F32_DX_RANGE, 2.0**F32_DX_RANGE
+    return lo <= rstd_s <= hi and abs(rstd_s * c) <= hi
+
+
+@njit(**_INL)
+def _dweight_term(g, xj, xhat, rstd_s, w32):
+    """Eq. (8)'s term of element j, dy_j·xhat_j: g·xhat on the float64 route (``w32`` None),
+    (g·x)·rstd on the float32 one, where g·x is exact (so it rounds once, and the float32 loop
+    can keep g·x in float32 for a loop of its own). Which one is fixed by ``w32``'s type."""
+    if w32 is None:
+        return g * xhat
+    return (g * xj) * rstd_s
+
+
+@njit(**_INL)
+def _rms_bwd_row(g3, x3, b, i, w, w32, kf, rstd_s, k, s, dx3, want_dw, want_db, dw_parts,
+                 db_parts, p):
     """dx of one row and its contribution to the part's dweight/dbias rows, given
-    s = Σ dxhat·x·2^-k. Eqs. (5)-(9)."""
+    s = Σ dxhat·x·2^-k. Eqs. (5)-(9). ``w32``: None, or the weight in float32 for the float32
+    dx route (``_f32_weight``), which a row takes where ``_f32_dx_row`` allows."""
     n = x3.shape[2]
     c = _coef(s, g3, x3, b, i, w, kf, rstd_s, k)  # (6) c = (1/K) Σ dxhat·xhat
     if k == 0 and kf == n:
+        if w32 is not None and _f32_dx_row(rstd_s, c):
+            outside = _dx_f32_row(g3, x3, b, i, w32, rstd_s, c, dx3)
+            if want_dw or want_db:
+                for j in range(n):
+                    g = to_f64(g3[b, i, j])
+                    if want_dw:
+                        dw_parts[p, j] += _dweight_term(g, to_f64(x3[b, i, j]), 0.0, rstd_s,
+                                                        w32)  # (8)
+                    if want_db:
+                        db_parts[p, j] += g  # (9)
+            if outside:  # a rare row: dx again, rounded once by from_f64
+                _bwd_dx_exact(g3, x3, b, i, w, rstd_s, c, dx3)
+            return
         # The common row, unswitched by hand: no per-element scaling test or K test, so the loop
         # vectorises (with them it does not, and the row costs well above the copy time).
         # Same operations as the general loop below, so the same float64 dx; a half dx is
@@ -789,12 +866,13 @@ def _rms_bwd_row(g3, x3, b, i, w, kf, rstd_s, k, s, dx3, want_dw, want_db, dw_pa
         outside = False
         for j in range(n):
             g = to_f64(g3[b, i, j])
-            xhat = to_f64(x3[b, i, j]) * rstd_s  # (3)
+            xj = to_f64(x3[b, i, j])
+            xhat = xj * rstd_s  # (3)
             dxj = as_work(rstd_s * (g * w[j] - xhat * c), x3, dx3)  # (5), (7)
             dx3[b, i, j] = from_work(dxj, dx3)
             outside |= outside_work(dxj, dx3)
             if want_dw:
-                dw_parts[p, j] += g * xhat  # (8), this part's partial row
+                dw_parts[p, j] += _dweight_term(g, xj, xhat, rstd_s, w32)  # (8), partial row
             if want_db:
                 db_parts[p, j] += g  # (9)
         if outside:  # a rare row: dx again, rounded once by from_f64
@@ -803,19 +881,38 @@ def _rms_bwd_row(g3, x3, b, i, w, kf, rstd_s, k, s, dx3, want_dw, want_db, dw_pa
     rstd = math.ldexp(rstd_s, -k)
     for j in range(n):
         g = to_f64(g3[b, i, j])
-        xhat = _scaled(to_f64(x3[b, i, j]), k) * rstd_s  # (3)
+        xj = _scaled(to_f64(x3[b, i, j]), k)
+        xhat = xj * rstd_s  # (3)
         dxhat = g * w[j]  # (5)
         proj = xhat * c if j < kf else 0.0  # the path through rstd (none past K)
         dx3[b, i, j] = from_f64(rstd * (dxhat - proj), dx3)  # (7) direct term − projection
         if want_dw:
-            dw_parts[p, j] += g * xhat  # (8)
+            dw_parts[p, j] += _dweight_term(g, xj, xhat, rstd_s, w32)  # (8)
         if want_db:
             db_parts[p, j] += g  # (9)
 
 
+@njit(**_INL)
+def _dx_f32_row(g3, x3, b, i, w32, rstd_s, c, dx3):
+    """Row (b, i)'s dx by ``_dx_f32`` (as ``_bwd_row_and_dot_f32`` writes it, without the
+    dweight terms and the next row's sum); returns whether it must be written again by
+    ``_bwd_dx_exact``."""
+    rstd32 = np.float32(rstd_s)
+    rc_hi, rc_lo = _split32(rstd_s * c)
+    outside = False
+    for j in range(x3.shape[2]):
+        dxj = _dx_f32(to_work(g3[b, i, j], dx3), to_work(x3[b, i, j], dx3), w32[j], rstd32,
+                      rc_hi, rc_lo)
+        dx3[b, i, j] = from_work(dxj, dx3)
+        outside |= outside_work(dxj, dx3)
+    return outside
+
+
 @njit(**_PAR)
 def _rms_bwd_v3(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, dw_parts,
-                db_parts, t0, t1):
+                db_parts, t0, t1, w32=None):
+    """One row at a time: rstd (saved, or recomputed), Σ dxhat·x, then ``_rms_bwd_row``.
+    ``w32``: the float32 dx route's weight (``_f32_weight``), or None (the float64 route)."""
     _wide_vectors_for(x3)
     nr = x3.shape[1]
     m = x3.shape[0] * nr
@@ -829,8 +926,8 @@ def _rms_bwd_v3(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, d
             else:  # (1)-(2) recomputed with the forward's code
                 rstd_s, k = _rstd_from_sumsq(_sumsq_v3(x3, b, i, kf), x3, b, i, kf, eps)
             s = _dot_v3(dy3, x3, b, i, w, x3.shape[2], k)
-            _rms_bwd_row(dy3, x3, b, i, w, kf, rstd_s, k, s, dx3, want_dw, want_db, dw_parts,
-                         db_parts, p)
+            _rms_bwd_row(dy3, x3, b, i, w, w32, kf, rstd_s, k, s, dx3, want_dw, want_db,
+                         dw_parts, db_parts, p)
 
 
 @njit(**_INL)
@@ -871,6 +968,50 @@ def _bwd_row_and_dot(g3, x3, b, i, w, rstd_s, c, dx3, dw_parts, p, b1, i1):
     return _lane_tree(acc), outside
 
 
+@njit(**_INL)
+def _bwd_row_and_dot_f32(g3, x3, b, i, w32, rstd_s, c, dx3, dw_parts, p, b1, i1):
+    """``_bwd_row_and_dot`` on the float32 dx route: dx by ``_dx_f32`` (the bits of
+    ``_dx_f32_row``), the dweight terms (g·x)·rstd (``_dweight_term``) from a block's exact
+    float32 g·x in a loop of their own (float64 work inside the float32 loop made LLVM give all
+    of it half-width vectors), and row (b1, i1)'s Σ dxhat·x from the exact float32 g·w, so
+    with ``_dot_lanes``'s bits. The caller checks ``_f32_dx_row``."""
+    n = x3.shape[2]
+    acc = _lanes()
+    gx = _lanes32()  # g·x of the block, exact in float32
+    rstd32 = np.float32(rstd_s)
+    rc_hi, rc_lo = _split32(rstd_s * c)
+    outside = False  # whether dx needs ``_bwd_dx_exact``
+    n64 = n - n % LANES
+    for j0 in range(0, n64, LANES):  # 64 elements of dx, their dweight terms, the next row's
+        _read_ahead(g3, (b1, i1, j0))
+        _read_ahead(x3, (b1, i1, j0))
+        _write_ahead(dx3, (b, i, j0))
+        for lane in range(LANES):
+            j = j0 + lane
+            g = to_work(g3[b, i, j], dx3)
+            xj = to_work(x3[b, i, j], dx3)
+            dxj = _dx_f32(g, xj, w32[j], rstd32, rc_hi, rc_lo)  # (5)-(7)
+            dx3[b, i, j] = from_work(dxj, dx3)
+            outside |= outside_work(dxj, dx3)
+            gx[lane] = g * xj
+        for lane in range(LANES):
+            dw_parts[p, j0 + lane] += np.float64(gx[lane]) * rstd_s  # (8)
+        for lane in range(LANES):
+            j = j0 + lane
+            acc[lane] += np.float64(to_work(g3[b1, i1, j], dx3) * w32[j]) * to_f64(
+                x3[b1, i1, j])  # next row
+    for lane in range(n - n64):
+        j = n64 + lane
+        g = to_work(g3[b, i, j], dx3)
+        xj = to_work(x3[b, i, j], dx3)
+        dxj = _dx_f32(g, xj, w32[j], rstd32, rc_hi, rc_lo)
+        dx3[b, i, j] = from_work(dxj, dx3)
+        outside |= outside_work(dxj, dx3)
+        dw_parts[p, j] += np.float64(g * xj) * rstd_s
+        acc[lane] += np.float64(to_work(g3[b1, i1, j], dx3) * w32[j]) * to_f64(x3[b1, i1, j])
+    return _lane_tree(acc), outside
+
+
 @njit(**_SER)
 def _bwd_dx_exact(g3, x3, b, i, w, rstd_s, c, dx3):
     """Row (b, i)'s dx of ``_bwd_row_and_dot`` again, rounded by ``from_f64`` (a half row with
@@ -882,7 +1023,7 @@ def _bwd_dx_exact(g3, x3, b, i, w, rstd_s, c, dx3):
 
 
 @njit(**_PAR)
-def _rms_bwd_pipelined(dy3, x3, w, rstd_in, dx3, dw_parts, redo, t0, t1):
+def _rms_bwd_pipelined(dy3, x3, w, w32, rstd_in, dx3, dw_parts, redo, t0, t1):
     """v5's kernel: v4's pipelined loop for the common call only (saved rstd, K = N, a weight,
     no bias), with no branch for the other calls, and every row of a part through the loop
     (the part's last row sums its own Σ dxhat·x again, unused).
@@ -890,7 +1031,9 @@ def _rms_bwd_pipelined(dy3, x3, w, rstd_in, dx3, dw_parts, redo, t0, t1):
     A rare row is only flagged here (``redo[r]``: its Σ dxhat·x left [SS_LO, SS_HI], so c must
     be summed again, or its dx left the half format's normal range) and written again
     afterwards by ``_rms_bwd_redo`` (``_rms_bwd_common`` calls both): the rare paths' code then
-    stays out of this kernel, whose first call compiles faster (bench/compile.py)."""
+    stays out of this kernel, whose first call compiles faster (bench/compile.py).
+    ``w32`` not None: the float32 dx route (``_bwd_row_and_dot_f32``; a row outside
+    ``_f32_dx_row`` is flagged too), chosen when the kernel is compiled (None is a type)."""
     _wide_vectors_for(x3)
     nr = x3.shape[1]
     m = x3.shape[0] * nr
@@ -907,15 +1050,20 @@ def _rms_bwd_pipelined(dy3, x3, w, rstd_in, dx3, dw_parts, redo, t0, t1):
             b1, i1 = _row_after(b, i, nr, r + 1 == r1)  # the row summed while r is written
             rstd_s = rstd_in[r]
             c = s * rstd_s / n  # (6), as ``_coef`` for s in [SS_LO, SS_HI] (else redone)
-            s_next, outside = _bwd_row_and_dot(dy3, x3, b, i, w, rstd_s, c, dx3, dw_parts, p,
-                                               b1, i1)
+            if w32 is None:
+                s_next, outside = _bwd_row_and_dot(dy3, x3, b, i, w, rstd_s, c, dx3, dw_parts,
+                                                   p, b1, i1)
+            else:
+                s_next, outside = _bwd_row_and_dot_f32(dy3, x3, b, i, w32, rstd_s, c, dx3,
+                                                       dw_parts, p, b1, i1)
+                outside |= not _f32_dx_row(rstd_s, c)
             redo[r] = outside or not SS_LO <= abs(s) <= SS_HI
             s = s_next
             b, i = b1, i1
 
 
 @njit(**_SER)
-def _rms_bwd_redo(dy3, x3, w, rstd_in, dx3, redo, r0, r1):
+def _rms_bwd_redo(dy3, x3, w, w32, rstd_in, dx3, redo, r0, r1):
     """dx of the rows in [r0, r1) that ``_rms_bwd_pipelined`` flagged, written again as v3
     writes them (``_rms_bwd_row``: c by ``_coef``, then the common loop and, where a dx left
     the normal range, ``_bwd_dx_exact``), so with v3's bits. Only dx: the loop added these
@@ -927,19 +1075,19 @@ def _rms_bwd_redo(dy3, x3, w, rstd_in, dx3, redo, r0, r1):
         if redo[r]:
             b, i = r // nr, r % nr
             s = _dot_lanes(dy3, x3, b, i, w, n)  # the pipelined loop's sum, bit for bit
-            _rms_bwd_row(dy3, x3, b, i, w, n, rstd_in[r], 0, s, dx3, False, False, no_parts,
-                         no_parts, 0)
+            _rms_bwd_row(dy3, x3, b, i, w, w32, n, rstd_in[r], 0, s, dx3, False, False,
+                         no_parts, no_parts, 0)
 
 
-def _rms_bwd_common(dy3, x3, w, rstd_in, dx3, dw_parts, t0, t1):
+def _rms_bwd_common(dy3, x3, w, rstd_in, dx3, dw_parts, t0, t1, w32=None):
     """The common call on parts [t0, t1): ``_rms_bwd_pipelined``, then ``_rms_bwd_redo`` for
     the rows it flagged (none in ordinary data)."""
     m = x3.shape[0] * x3.shape[1]
     r0, r1 = _task_rows_py(m, t0, t1, ROWS_PER_PART)
     redo = np.empty(m, np.bool_)  # only rows [r0, r1) are written and read
-    _rms_bwd_pipelined(dy3, x3, w, rstd_in, dx3, dw_parts, redo, t0, t1)
+    _rms_bwd_pipelined(dy3, x3, w, w32, rstd_in, dx3, dw_parts, redo, t0, t1)
     if redo[r0:r1].any():
-        _rms_bwd_redo(dy3, x3, w, rstd_in, dx3, redo, r0, r1)
+        _rms_bwd_redo(dy3, x3, w, w32, rstd_in, dx3, redo, r0, r1)
 
 
 @njit(**_PAR)
@@ -955,6 +1103,51 @@ def _rms_rstd(x3, kf, eps, rstd_out, r0, r1):
         rstd_out[r] = math.ldexp(rstd_s, -k)
 
 
+#: A weight takes the float32 dx route when it has at most F32_DX_WEIGHT_BITS significant bits
+#: (so that g·w, 11 bits times these, is exact in float32) ...
+F32_DX_WEIGHT_BITS = 24 - 11
+#: ... and its nonzero magnitudes lie within 2^+-F32_DX_RANGE (g·w neither overflows nor
+#: drops a bit: its last bit is at least 2^-24·2^-100·2^-12, above float32's 2^-149).
+_LOW_BITS = np.uint32((1 << (24 - F32_DX_WEIGHT_BITS)) - 1)
+
+
+def _f32_weight(dy3: np.ndarray, x3: np.ndarray, dx3: np.ndarray,
+                w: np.ndarray) -> np.ndarray | None:
+    """The weight row in float32 when the call's dx may take the float32 route, else None.
+
+    The route (``_dx_f32``) is taken for float16 dy, x and dx (the 16-bit views) with a weight
+    row w' (offset added) that is exact in float32 with at most ``F32_DX_WEIGHT_BITS``
+    significant bits and nonzero magnitudes within 2^+-F32_DX_RANGE: a float16 weight, with or
+    without an offset of 1, usually is. Then, per row (``_f32_dx_row``: rstd and rstd·c within
+    2^+-F32_DX_RANGE, which keeps every product finite), g·w and x·rc_hi are exact, each fused
+    multiply-add rounds once (relative 2^-24, or 2^-150 absolute where the result is float32
+    subnormal), and rstd·c − rc_hi − rc_lo is at most 2^-48·|rstd·c| + 2^-150. So dx's float32
+    value is within about 2^-22·|dx| + 2^-46·|rstd·xhat·c| + 2^-34 of the exact one (rstd <=
+    2^100, |x| < 2^16): a half ulp of dx is 2^-11·|dx| or, for a subnormal, 2^-25, so the
+    float32 value rounds to the oracle's bits except within a few float32 ulps of a rounding
+    boundary (as the float64 route's twice-rounded value does), or where dx is below
+    2^-35 of the projection term it cancels, where it can be more than an ulp off (the
+    float64 route: below 2^-41) and stays within the tolerance model's bound, which is
+    relative to that term.
+
+    bfloat16 keeps the float64 route: its float32 exponent range lets g·w and the products
+    underflow or overflow float32 for ordinary-looking weights, which would need tests per
+    element.
+    """
+    if not dy3.dtype == x3.dtype == dx3.dtype == F16_BITS:
+        return None
+    with np.errstate(over="ignore", invalid="ignore"):
+        w32 = w.astype(np.float32)
+    if not np.array_equal(w32, w):  # not exact in float32, or NaN
+        return None
+    a = np.abs(w32[w32 != 0])
+    if a.size and not (a.min() >= 2.0**-F32_DX_RANGE and a.max() <= 2.0**F32_DX_RANGE):
+        return None
+    if np.any(w32.view(np.uint32) & _LOW_BITS):
+        return None
+    return w32
+
+
 def _rms_bwd_v6(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, dw_parts,
                 db_parts, t0, t1):
     """v6: the common call (K = N, a weight, no bias) runs ``_rms_bwd_pipelined`` when every
@@ -963,10 +1156,12 @@ def _rms_bwd_v6(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, d
     Without a saved rstd, this thread's rows get theirs from ``_rms_rstd`` first (the values v3
     would recompute, so v3's bits): one more read of x, in exchange for the pipelined loop,
     and a first call that compiles neither v3 nor its recomputation of rstd (bench/compile.py).
-    v5 did this for a saved rstd only."""
+    v5 did this for a saved rstd only. A float16 call whose weight allows it computes dx in
+    float32 (``_f32_weight``), in every kernel, so they keep one another's bits."""
+    w32 = _f32_weight(dy3, x3, dx3, w)
     if kf == x3.shape[2] and want_dw and not want_db:
         if has_rstd and _saved_rstd_in_range(rstd_in):
-            _rms_bwd_common(dy3, x3, w, rstd_in, dx3, dw_parts, t0, t1)
+            _rms_bwd_common(dy3, x3, w, rstd_in, dx3, dw_parts, t0, t1, w32)
             return
         if not has_rstd:
             m = x3.shape[0] * x3.shape[1]
@@ -974,10 +1169,10 @@ def _rms_bwd_v6(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, d
             rstd = np.empty(m)  # only rows [r0, r1) are written and read
             _rms_rstd(x3, kf, eps, rstd, r0, r1)
             if _saved_rstd_in_range(rstd[r0:r1]):
-                _rms_bwd_common(dy3, x3, w, rstd, dx3, dw_parts, t0, t1)
+                _rms_bwd_common(dy3, x3, w, rstd, dx3, dw_parts, t0, t1, w32)
                 return
     _rms_bwd_v3(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, dw_parts,
-                db_parts, t0, t1)
+                db_parts, t0, t1, w32)
 
 
 @njit(**_SER)
