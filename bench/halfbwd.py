@@ -27,18 +27,22 @@ whose weight allows it now take the compensated float32 dx below instead
   type's precision: the elements whose float32 value could be more than an ulp of the half
   type off, for a kernel that would write such rows again in float64.
 - compensated float32 dx: g·w − x·(rstd·c) by two float32 fused multiply-adds, rstd·c split
-  into two float32 parts: g·w is exact in float32 for a half weight, and each FMA rounds once,
-  so the difference keeps about 24 bits however much its terms cancel; then dx = rstd·that.
-  The dweight term (g·x)·rstd in float64 (g·x is exact in float32); the next row's
-  (g·w)·x in float64 from the exact float32 g·w.
-- + dweight loop: the dweight terms from a 64-element float32 buffer of g·x, in a loop of
-  their own (float64 work in the float32 loop made LLVM use half-width vectors for all of it).
-- + float32 sum: the next row's (g·w)·x in float32 (exact for bfloat16: 8 + 8 + 8 bits).
+  into two float32 parts (``numba_cpu._split32``): g·w is exact in float32 for a half weight,
+  and each FMA rounds once, so the difference keeps about 24 bits however much its terms
+  cancel; then dx = rstd·that. The dweight term (g·x)·rstd in float64 (g·x is exact in
+  float32 where it does not underflow); the next row's (g·w)·x in float64 from the float32 g·w.
+- + dweight loop: the shipped float32 row. The dweight terms from the block's float32 g·x
+  kept in a 64-element buffer, in a float64 loop of their own (float64 work in the float32
+  loop made LLVM use half-width vectors for all of it), taken from float64 for a block where a
+  bfloat16 g·x underflowed float32; the next row's sum as the float64 route sums it; and the
+  bfloat16 test for a difference below float32's normal range (``numba_cpu._dx_lost``).
+- + float32 sum: that, with the next row's (g·w)·x in float32 (exact for bfloat16 where
+  nothing underflows: 8 + 8 + 8 bits; not what the kernel does).
 
 The float32 variants are timed on float32 rows too, for comparison only: a float32 dx is
-computed in float64 and rounded once. The compensated route also assumes what the timing rows
-do not check: products that stay inside float32's normal range (always so for float16; not
-for bfloat16, which has float32's exponents) and a weight with at most 24 - p significant bits.
+computed in float64 and rounded once. The timing rows do not check what the kernel checks
+before it takes the compensated route (``numba_cpu._f32_weight``, ``_f32_dx_row``): a weight
+with at most 24 - p significant bits, and rstd and rstd·c within 2^+-100.
 
 Then the accuracy, on ``--rows`` rows of each kind of ``DATA``: each route's dx against the
 oracle's (``rmsref.rms_norm_backward``, float64 rounded once), as the share of elements with
@@ -90,7 +94,9 @@ _DXFMA = """
 _DW_GX = "            dw_parts[p, j] += np.float64(g * xw) * rstd_s  # (8): g·x exact in float32\n"
 _SUMGW = ("            acc[lane] += np.float64(to_work(g3[b1, i1, j], dx3) * w32[j])"
           " * to_f64(x3[b1, i1, j])\n")
-_DW_BUF = "            gx[lane] = g * xw  # exact in float32 for half g, x\n"
+_DW_BUF = ("            gx = g * xw\n            gx_blk[lane] = gx\n"
+           "            gx_lost |= K._below_f32_normal(gx, dx3) & (g != 0) & (xw != 0)\n")
+_LOST = "            outside |= K._dx_lost(t, g, xw, dx3)\n"
 _OVERFLOW = "            outside |= outside_work(dxj, dx3)\n"
 _CANCEL = ("            outside |= abs(dxj) < (abs(g * w32[j]) + abs(xhat * c32)) * cancel\n")
 _DW64 = "            dw_parts[p, j] += g * xhat  # (8)\n"
@@ -110,8 +116,8 @@ VARIANTS = {  # name: (the dx step, the next row's sum)
     "float32 dx, float32 dweight": (_DX32 + _OVERFLOW + _DW32, _SUM32),
     "+ cancellation test": (_DX32 + _OVERFLOW + _CANCEL + _DW32, _SUM32),
     "compensated float32 dx": (_DXFMA + _OVERFLOW + _DW_GX, _SUMGW),
-    "+ dweight loop": (_DXFMA + _OVERFLOW + _DW_BUF, _SUMGW),
-    "+ float32 sum": (_DXFMA + _OVERFLOW + _DW_BUF, _SUM32),
+    "+ dweight loop": (_DXFMA + _OVERFLOW + _LOST + _DW_BUF, _SUM64),
+    "+ float32 sum": (_DXFMA + _OVERFLOW + _LOST + _DW_BUF, _SUM32),
 }
 
 # The loop of ``_bwd_row_and_dot`` for a row length that is a multiple of 64 (the block loop
@@ -123,9 +129,9 @@ def row(g3, x3, b, i, w, w32, rstd_s, c, dx3, dw_parts, dw32, p, b1, i1, cancel)
     outside = False
     rstd32, c32 = np.float32(rstd_s), np.float32(c)
     rc = rstd_s * c
-    gx = np.empty(LANES, np.float32)  # g·x of a block (+ dweight loop; a kernel: on the stack)
-    rc_hi = np.float32(rc)
-    rc_lo = np.float32(rc - np.float64(rc_hi))
+    gx_blk = K._lanes32()  # a block's g·x (+ dweight loop)
+    gx_lost = False
+    rc_hi, rc_lo = K._split32(rc)
     for j0 in range(0, n64, LANES):
         K._read_ahead(g3, (b1, i1, j0))
         K._read_ahead(x3, (b1, i1, j0))
@@ -133,9 +139,14 @@ def row(g3, x3, b, i, w, w32, rstd_s, c, dx3, dw_parts, dw32, p, b1, i1, cancel)
         for lane in range(LANES):
             j = j0 + lane
 %s
-        if DW_LOOP:
+        if DW_LOOP and gx_lost:  # a bfloat16 g·x underflowed: the block's terms from float64
+            gx_lost = False
             for lane in range(LANES):
-                dw_parts[p, j0 + lane] += np.float64(gx[lane]) * rstd_s  # (8)
+                j = j0 + lane
+                dw_parts[p, j] += (to_f64(g3[b, i, j]) * to_f64(x3[b, i, j])) * rstd_s
+        elif DW_LOOP:
+            for lane in range(LANES):
+                dw_parts[p, j0 + lane] += np.float64(gx_blk[lane]) * rstd_s  # (8)
         for lane in range(LANES):
             j = j0 + lane
 %s
@@ -171,7 +182,7 @@ def _timed(row):
                 s, outside = K._bwd_row_and_dot(g3, x3, 0, 0, w, rstd, 0.01, dx3, parts, 0, 0,
                                                 1)
             elif row == "f32":
-                s, outside = K._bwd_row_and_dot_f32(g3, x3, 0, 0, w32, rstd, 0.01, dx3, parts,
+                s, outside = K._bwd_row_and_dot_f32(g3, x3, 0, 0, w, w32, rstd, 0.01, dx3, parts,
                                                     0, 0, 1)
             else:
                 s, outside = row(g3, x3, 0, 0, w, w32, rstd, 0.01, dx3, parts, dw32, 0, 0, 1,

@@ -91,7 +91,7 @@ def _kernels():
                 t += K._bwd_row_and_dot(g3, x3, 0, 0, w, 1.0 + rep * 1e-9, 0.01, dx3, parts,
                                         0, 0, 1)[0]
             else:
-                t += K._bwd_row_and_dot_f32(g3, x3, 0, 0, w32, 1.0 + rep * 1e-9, 0.01, dx3,
+                t += K._bwd_row_and_dot_f32(g3, x3, 0, 0, w, w32, 1.0 + rep * 1e-9, 0.01, dx3,
                                             parts, 0, 0, 1)[0]
         return t
 

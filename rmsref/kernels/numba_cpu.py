@@ -74,29 +74,31 @@ Numerical contract
   for rare last-bit ties (tests: >= 99.9 % equal, rest within 1 ulp).
 - Half outputs (bfloat16, float16) keep the float64 statistics, and take float32 for the last
   step, as torch's opmath does: RMSNorm's y is computed in float32 arithmetic,
-  fl(fl(x·fl(rstd))·fl(w')) (x and a half weight are exact in float32), and dx (RMSNorm and
-  LayerNorm), LayerNorm's y and the fused add's y are computed in float64 and rounded to float32
-  first; the float32 value is then rounded (RNE) to the half type. RMSNorm's float16 dx, where the
-  weight allows it (at most 13 significant bits, as a float16 weight has: ``_f32_weight``), is
-  computed in float32 arithmetic instead, compensated: dx = rstd·(g·w − x·(rstd·c)) with g·w
-  exact, rstd·c carried in two float32 parts and each product added by a fused multiply-add, so
-  the difference keeps 24 bits however much its terms cancel (``_dx_f32``; a plain float32 dx,
-  measured in bench/halfbwd.py, loses the contract below where dy lies along y). So an element may
-  differ from the oracle's float64 value rounded once only where that value lies within a few
-  float32 ulps of a half rounding boundary: >= 99.9 % of elements are bit-equal to the oracle's,
-  the rest one ulp away (tests/test_numba_cpu_half.py, on every bit pattern and on dy along y;
-  measured 99.98-100 %), always within the tolerance model's bound (a dx cancelled below 2^-35 of
-  its projection term, which the float64 route keeps to 2^-41, can be further off in ulps of
-  itself, not of that term). Float32 arithmetic is what brings a half forward near float32's time
-  per element, and what makes the float16 backward's arithmetic cheaper (bench/cpu.py,
-  bench/halfbwd.py). A row with an output that rounds to inf or is NaN is written again in float64
-  and rounded once, so those rows have the oracle's bits (through float32, a value just below the
-  tie between the largest finite half value and inf may round to inf where rounded once it is
-  finite). So is, for y, a row whose rstd is outside [2^-100, 2^100], where float32 products could
-  overflow or lose bits, or in which the float32 x·rstd of a nonzero x falls below float32's
-  normal range (a tiny x beside large ones, whose y a large w' makes an ordinary half value); and,
-  for the float32 dx, a row whose rstd or rstd·c is outside [2^-100, 2^100] is computed in float64
-  and rounded through float32, as the other dtypes' (``_f32_dx_row``). The float32 dx route also
+  fl(fl(x·fl(rstd))·fl(w')) (x and a half weight are exact in float32), and LayerNorm's dx, its y
+  and the fused add's y are computed in float64 and rounded to float32 first; the float32 value is
+  then rounded (RNE) to the half type. RMSNorm's dx, where the weight allows it (at most 24 − p
+  significant bits, as a weight in the inputs' half format has: ``_f32_weight``), is computed in
+  float32 arithmetic, compensated: dx = rstd·(g·w − x·(rstd·c)) with g·w exact, rstd·c carried in
+  two float32 parts of one sign and each product added by a fused multiply-add, so the difference
+  keeps 24 bits however much its terms cancel (``_dxhat_minus_proj``; a plain float32 dx, measured
+  in bench/halfbwd.py, loses the contract below where dy lies along y); otherwise in float64,
+  rounded through float32. So an element may differ from the oracle's float64 value rounded once
+  only where that value lies within a few float32 ulps of a half rounding boundary: >= 99.9 % of
+  elements are bit-equal to the oracle's, the rest one ulp away (tests/test_numba_cpu_half.py, on
+  every bit pattern and on dy along y), always within the tolerance model's bound (a dx cancelled
+  below about 2^-(45 − p) of its projection term, which the float64 route keeps to 2^-(52 − p),
+  can be further off in ulps of itself, not of that term; ``_f32_weight`` has the error bound).
+  Float32 arithmetic is what brings a half forward near float32's time per element, and what makes
+  the half backwards' arithmetic cheaper (bench/cpu.py, bench/halfbwd.py). A row with an output
+  that rounds to inf or is NaN is written again in float64 and rounded once, so those rows have
+  the oracle's bits (through float32, a value just below the tie between the largest finite half
+  value and inf may round to inf where rounded once it is finite). So is, for y, a row whose rstd
+  is outside [2^-100, 2^100], where float32 products could overflow or lose bits, or in which the
+  float32 x·rstd of a nonzero x falls below float32's normal range (a tiny x beside large ones,
+  whose y a large w' makes an ordinary half value); and, for the float32 dx, a bfloat16 row in
+  which the difference g·w − x·rstd·c of a nonzero g or x falls below float32's normal range
+  (``_dx_lost``), where rstd can make its lost bits part of an ordinary dx. A row whose rstd or
+  |rstd·c| is outside [2^-100, 2^100] takes the float64 dx (``_f32_dx_row``). The float32 dx route
   gives dweight's terms as (dy·x)·rstd, dy·x exact, where the float64 route has dy·(x·rstd).
 - Saved statistics: rstd (and LayerNorm's mean) in float32 for float16/bfloat16 inputs (what
   torch saves), float64 for float32 and float64 inputs. For float32 that is a choice: the value
@@ -795,43 +797,78 @@ def _coef_from_xhat(g3, x3, b, i, w, kf, rstd_s, k):
     return c / kf
 
 
-#: The compensated float32 dx (``_dx_f32``) takes a row whose rstd and rstd·c lie within
-#: 2^+-F32_DX_RANGE: then no float32 product overflows, and the errors of values that underflow
-#: are too small to move a half dx (the note at ``_f32_weight``).
+#: The compensated float32 dx (``_dxhat_minus_proj``) takes a row whose rstd and |rstd·c| lie
+#: within 2^+-F32_DX_RANGE (``_f32_dx_row``): rstd·c then splits into two float32 parts that
+#: carry it to 2^-47 of itself, and no product of an element with them leaves float32's range
+#: for float16 (for bfloat16 one may: an element flags its row, ``_dx_lost``).
 F32_DX_RANGE = 100
+#: The bits of a float64 that float32's 24 keep: the rest is cut off by ``_split32``.
+_F32_HI_MASK = np.int64(-(1 << 29))
 
 
 @njit(**_INL)
 def _split32(v):
-    """(hi, lo) float32 with hi + lo = v to about 48 bits: hi = fl32(v), lo = fl32(v − hi)
-    (v − hi is exact in float64)."""
-    hi = np.float32(v)
-    return hi, np.float32(v - np.float64(hi))
+    """(hi, lo), two float32 with hi + lo = v to within 2^-47·|v|, for 2^-100 <= |v| <= 2^100:
+    hi is v cut to float32's 24 bits (toward zero, exact), lo = fl32(v − hi) (v − hi is exact
+    in float64) with v's sign also when it is zero. So hi and lo never have opposite signs,
+    and the second multiply-add of ``_dxhat_minus_proj`` cannot turn a −0 into a +0 (rounding
+    hi to nearest did, where dy_j = x_j = 0: the oracle's zero has its sign)."""
+    hi = np.float32(np.int64(np.float64(v).view(np.int64) & _F32_HI_MASK).view(np.float64))
+    return hi, np.float32(math.copysign(v - np.float64(hi), v))
 
 
 @njit(**_INL)
-def _dx_f32(g, xj, wj, rstd32, rc_hi, rc_lo):
-    """dx_j = rstd·(g·w − x·(rstd·c)) in float32 arithmetic, eqs. (5)-(7) with xhat·c written
-    x·(rstd·c): g·w is exact in float32 (a half g, a weight of few bits), and rstd·c is carried
-    as rc_hi + rc_lo, each product with x added by a fused multiply-add (one rounding), so the
-    difference keeps float32's 24 bits however much g·w and x·rstd·c cancel."""
+def _dxhat_minus_proj(g, xj, wj, rc_hi, rc_lo):
+    """dxhat_j − xhat_j·c = g·w − x·(rstd·c) in float32 arithmetic, eqs. (5)-(7), with xhat·c
+    written x·(rstd·c): g·w is exact in float32 (a half g, a weight of few bits: ``_f32_weight``),
+    and rstd·c is carried as rc_hi + rc_lo (``_split32``), each product with x added by a fused
+    multiply-add (one rounding), so the difference keeps float32's 24 bits however much g·w and
+    x·rstd·c cancel. dx_j = rstd·(the difference)."""
     t = _fma(-xj, rc_hi, g * wj)  # dxhat − x·rc_hi, rounded once
-    t = _fma(-xj, rc_lo, t)  # − the rest of x·rstd·c
-    return rstd32 * t  # (7)
+    return _fma(-xj, rc_lo, t)  # − the rest of x·rstd·c
+
+
+def _below_f32_normal(v, out):
+    """Whether the float32 ``v`` lies below float32's normal range (2^-126; 0 included), for
+    ``out`` a bfloat16 view; always False for float16, whose products and differences in the
+    float32 dx route never need the test (``_f32_weight``). bfloat16 has float32's exponent
+    range: there a product g·x or the difference g·w − x·rstd·c can underflow and lose bits,
+    and the kernels test for it where that matters:
+
+    - the difference t, where g or x is not zero (g = x = 0 gives an exact ±0): its error is
+      then up to 2^-150, which rstd (up to 2^100) can make a large part of a normal bfloat16
+      dx, so the row is written again in float64 (``_bwd_dx_exact``);
+    - the product g·x of the dweight term, where neither is zero: that block's terms are
+      taken from float64 instead (``_bwd_row_and_dot_f32``)."""
+    raise NotImplementedError("_below_f32_normal is only callable from Numba-compiled code")
+
+
+@overload(_below_f32_normal, inline="always", jit_options={"nogil": True})
+def _below_f32_normal_impl(v, out):
+    if out.dtype == types.int16:  # bfloat16 views
+        return lambda v, out: abs(v) < np.float32(2.0**-126)
+    return lambda v, out: False
+
+
+@njit(**_INL)
+def _dx_lost(t, g, xj, out):
+    """Whether the float32 difference ``t`` of ``_dxhat_minus_proj`` may have lost bits to
+    float32's underflow (``_below_f32_normal``): the row is then written again in float64."""
+    return _below_f32_normal(t, out) & ((g != 0) | (xj != 0))
 
 
 @njit(**_INL)
 def _f32_dx_row(rstd_s, c):
-    """Whether a row may take the float32 dx (``F32_DX_RANGE``; False for NaN)."""
+    """Whether a row may take the float32 dx (``F32_DX_RANGE``; False for 0 and NaN)."""
     lo, hi = 2.0**-F32_DX_RANGE, 2.0**F32_DX_RANGE
-    return lo <= rstd_s <= hi and abs(rstd_s * c) <= hi
+    return lo <= rstd_s <= hi and lo <= abs(rstd_s * c) <= hi
 
 
 @njit(**_INL)
 def _dweight_term(g, xj, xhat, rstd_s, w32):
     """Eq. (8)'s term of element j, dy_j·xhat_j: g·xhat on the float64 route (``w32`` None),
-    (g·x)·rstd on the float32 one, where g·x is exact (so it rounds once, and the float32 loop
-    can keep g·x in float32 for a loop of its own). Which one is fixed by ``w32``'s type."""
+    (g·x)·rstd on the float32 one, g·x exact in float64 (so the float32 loop can keep a block's
+    g and x in float32 for a float64 loop of its own). Which one is fixed by ``w32``'s type."""
     if w32 is None:
         return g * xhat
     return (g * xj) * rstd_s
@@ -894,17 +931,19 @@ def _rms_bwd_row(g3, x3, b, i, w, w32, kf, rstd_s, k, s, dx3, want_dw, want_db, 
 
 @njit(**_INL)
 def _dx_f32_row(g3, x3, b, i, w32, rstd_s, c, dx3):
-    """Row (b, i)'s dx by ``_dx_f32`` (as ``_bwd_row_and_dot_f32`` writes it, without the
-    dweight terms and the next row's sum); returns whether it must be written again by
+    """Row (b, i)'s dx by ``_dxhat_minus_proj`` (as ``_bwd_row_and_dot_f32`` writes it, without
+    the dweight terms and the next row's sum); returns whether it must be written again by
     ``_bwd_dx_exact``."""
     rstd32 = np.float32(rstd_s)
     rc_hi, rc_lo = _split32(rstd_s * c)
     outside = False
     for j in range(x3.shape[2]):
-        dxj = _dx_f32(to_work(g3[b, i, j], dx3), to_work(x3[b, i, j], dx3), w32[j], rstd32,
-                      rc_hi, rc_lo)
+        g = to_work(g3[b, i, j], dx3)
+        xj = to_work(x3[b, i, j], dx3)
+        t = _dxhat_minus_proj(g, xj, w32[j], rc_hi, rc_lo)
+        dxj = rstd32 * t  # (7)
         dx3[b, i, j] = from_work(dxj, dx3)
-        outside |= outside_work(dxj, dx3)
+        outside |= outside_work(dxj, dx3) | _dx_lost(t, g, xj, dx3)
     return outside
 
 
@@ -969,18 +1008,21 @@ def _bwd_row_and_dot(g3, x3, b, i, w, rstd_s, c, dx3, dw_parts, p, b1, i1):
 
 
 @njit(**_INL)
-def _bwd_row_and_dot_f32(g3, x3, b, i, w32, rstd_s, c, dx3, dw_parts, p, b1, i1):
-    """``_bwd_row_and_dot`` on the float32 dx route: dx by ``_dx_f32`` (the bits of
-    ``_dx_f32_row``), the dweight terms (g·x)·rstd (``_dweight_term``) from a block's exact
-    float32 g·x in a loop of their own (float64 work inside the float32 loop made LLVM give all
-    of it half-width vectors), and row (b1, i1)'s Σ dxhat·x from the exact float32 g·w, so
-    with ``_dot_lanes``'s bits. The caller checks ``_f32_dx_row``."""
+def _bwd_row_and_dot_f32(g3, x3, b, i, w, w32, rstd_s, c, dx3, dw_parts, p, b1, i1):
+    """``_bwd_row_and_dot`` on the float32 dx route: dx as ``_dx_f32_row`` writes it, the
+    dweight terms (g·x)·rstd (``_dweight_term``) from the block's float32 g·x, in a float64
+    loop of their own (float64 work inside the float32 loop made LLVM give all of it
+    half-width vectors; keeping g and x for that loop instead of their product was slower),
+    and row (b1, i1)'s Σ dxhat·x as ``_dot_lanes`` sums it (its bits). g·x is
+    exact in float32 but where a bfloat16 product underflows (``_below_f32_normal``); such a
+    block takes its terms from float64. The caller checks ``_f32_dx_row``."""
     n = x3.shape[2]
     acc = _lanes()
-    gx = _lanes32()  # g·x of the block, exact in float32
+    gx_blk = _lanes32()  # the block's g·x, exact in float32 unless it underflowed
     rstd32 = np.float32(rstd_s)
     rc_hi, rc_lo = _split32(rstd_s * c)
     outside = False  # whether dx needs ``_bwd_dx_exact``
+    gx_lost = False  # whether a g·x of the block underflowed float32
     n64 = n - n % LANES
     for j0 in range(0, n64, LANES):  # 64 elements of dx, their dweight terms, the next row's
         _read_ahead(g3, (b1, i1, j0))
@@ -990,25 +1032,35 @@ def _bwd_row_and_dot_f32(g3, x3, b, i, w32, rstd_s, c, dx3, dw_parts, p, b1, i1)
             j = j0 + lane
             g = to_work(g3[b, i, j], dx3)
             xj = to_work(x3[b, i, j], dx3)
-            dxj = _dx_f32(g, xj, w32[j], rstd32, rc_hi, rc_lo)  # (5)-(7)
+            t = _dxhat_minus_proj(g, xj, w32[j], rc_hi, rc_lo)  # (5)-(6)
+            dxj = rstd32 * t  # (7)
             dx3[b, i, j] = from_work(dxj, dx3)
-            outside |= outside_work(dxj, dx3)
-            gx[lane] = g * xj
-        for lane in range(LANES):
-            dw_parts[p, j0 + lane] += np.float64(gx[lane]) * rstd_s  # (8)
+            outside |= outside_work(dxj, dx3) | _dx_lost(t, g, xj, dx3)
+            gx = g * xj
+            gx_blk[lane] = gx
+            gx_lost |= _below_f32_normal(gx, dx3) & (g != 0) & (xj != 0)
+        if gx_lost:  # (bfloat16 only) this block's dweight terms from float64, exact g·x
+            gx_lost = False
+            for lane in range(LANES):
+                j = j0 + lane
+                gx64 = to_f64(g3[b, i, j]) * to_f64(x3[b, i, j])
+                dw_parts[p, j] += gx64 * rstd_s  # (8)
+        else:
+            for lane in range(LANES):
+                dw_parts[p, j0 + lane] += np.float64(gx_blk[lane]) * rstd_s  # (8)
         for lane in range(LANES):
             j = j0 + lane
-            acc[lane] += np.float64(to_work(g3[b1, i1, j], dx3) * w32[j]) * to_f64(
-                x3[b1, i1, j])  # next row
+            acc[lane] += (to_f64(g3[b1, i1, j]) * w[j]) * to_f64(x3[b1, i1, j])  # next row
     for lane in range(n - n64):
         j = n64 + lane
         g = to_work(g3[b, i, j], dx3)
         xj = to_work(x3[b, i, j], dx3)
-        dxj = _dx_f32(g, xj, w32[j], rstd32, rc_hi, rc_lo)
+        t = _dxhat_minus_proj(g, xj, w32[j], rc_hi, rc_lo)
+        dxj = rstd32 * t
         dx3[b, i, j] = from_work(dxj, dx3)
-        outside |= outside_work(dxj, dx3)
-        dw_parts[p, j] += np.float64(g * xj) * rstd_s
-        acc[lane] += np.float64(to_work(g3[b1, i1, j], dx3) * w32[j]) * to_f64(x3[b1, i1, j])
+        outside |= outside_work(dxj, dx3) | _dx_lost(t, g, xj, dx3)
+        dw_parts[p, j] += (np.float64(g) * np.float64(xj)) * rstd_s
+        acc[lane] += (to_f64(g3[b1, i1, j]) * w[j]) * to_f64(x3[b1, i1, j])
     return _lane_tree(acc), outside
 
 
@@ -1054,8 +1106,8 @@ def _rms_bwd_pipelined(dy3, x3, w, w32, rstd_in, dx3, dw_parts, redo, t0, t1):
                 s_next, outside = _bwd_row_and_dot(dy3, x3, b, i, w, rstd_s, c, dx3, dw_parts,
                                                    p, b1, i1)
             else:
-                s_next, outside = _bwd_row_and_dot_f32(dy3, x3, b, i, w32, rstd_s, c, dx3,
-                                                       dw_parts, p, b1, i1)
+                s_next, outside = _bwd_row_and_dot_f32(dy3, x3, b, i, w, w32, rstd_s, c,
+                                                       dx3, dw_parts, p, b1, i1)
                 outside |= not _f32_dx_row(rstd_s, c)
             redo[r] = outside or not SS_LO <= abs(s) <= SS_HI
             s = s_next
@@ -1103,38 +1155,38 @@ def _rms_rstd(x3, kf, eps, rstd_out, r0, r1):
         rstd_out[r] = math.ldexp(rstd_s, -k)
 
 
-#: A weight takes the float32 dx route when it has at most F32_DX_WEIGHT_BITS significant bits
-#: (so that g·w, 11 bits times these, is exact in float32) ...
-F32_DX_WEIGHT_BITS = 24 - 11
-#: ... and its nonzero magnitudes lie within 2^+-F32_DX_RANGE (g·w neither overflows nor
-#: drops a bit: its last bit is at least 2^-24·2^-100·2^-12, above float32's 2^-149).
-_LOW_BITS = np.uint32((1 << (24 - F32_DX_WEIGHT_BITS)) - 1)
+#: The significant bits a weight may have for the float32 dx route, per half format (the
+#: 16-bit views): 24 − p, so that g·w, p bits times these, is exact in float32.
+F32_DX_WEIGHT_BITS = {F16_BITS: 24 - 11, BF16_BITS: 24 - 8}
 
 
 def _f32_weight(dy3: np.ndarray, x3: np.ndarray, dx3: np.ndarray,
                 w: np.ndarray) -> np.ndarray | None:
     """The weight row in float32 when the call's dx may take the float32 route, else None.
 
-    The route (``_dx_f32``) is taken for float16 dy, x and dx (the 16-bit views) with a weight
-    row w' (offset added) that is exact in float32 with at most ``F32_DX_WEIGHT_BITS``
-    significant bits and nonzero magnitudes within 2^+-F32_DX_RANGE: a float16 weight, with or
-    without an offset of 1, usually is. Then, per row (``_f32_dx_row``: rstd and rstd·c within
-    2^+-F32_DX_RANGE, which keeps every product finite), g·w and x·rc_hi are exact, each fused
-    multiply-add rounds once (relative 2^-24, or 2^-150 absolute where the result is float32
-    subnormal), and rstd·c − rc_hi − rc_lo is at most 2^-48·|rstd·c| + 2^-150. So dx's float32
-    value is within about 2^-22·|dx| + 2^-46·|rstd·xhat·c| + 2^-34 of the exact one (rstd <=
-    2^100, |x| < 2^16): a half ulp of dx is 2^-11·|dx| or, for a subnormal, 2^-25, so the
-    float32 value rounds to the oracle's bits except within a few float32 ulps of a rounding
-    boundary (as the float64 route's twice-rounded value does), or where dx is below
-    2^-35 of the projection term it cancels, where it can be more than an ulp off (the
-    float64 route: below 2^-41) and stays within the tolerance model's bound, which is
-    relative to that term.
+    The route (``_dxhat_minus_proj``) is taken for half dy, x and dx of one format with a
+    weight row w' (offset added) that is exact in float32 with at most
+    ``F32_DX_WEIGHT_BITS`` significant bits and nonzero magnitudes within 2^+-F32_DX_RANGE: a
+    weight in the same half format is (with an offset of 1, only where w' keeps few bits).
 
-    bfloat16 keeps the float64 route: its float32 exponent range lets g·w and the products
-    underflow or overflow float32 for ordinary-looking weights, which would need tests per
-    element.
+    Why it keeps the contract: per row (``_f32_dx_row``: rstd and |rstd·c| within
+    2^+-F32_DX_RANGE), g·w and x·rc_hi are exact (inside the fused multiply-adds), each
+    multiply-add rounds once (2^-24 of its result, or 2^-150 where the result is below
+    float32's normal range), and rstd·c − rc_hi − rc_lo is at most 2^-47·|rstd·c|. So the
+    difference t is within about 2^-23·|t| + 2^-45·|x·rstd·c| + 3·2^-150 of the exact one, and
+    dx = fl(fl32(rstd)·t) within about 2^-22·|dx| + 2^-45·|rstd·xhat·c| + rstd·3·2^-150. The
+    last term is far below a half ulp for float16 (|x| < 2^16 keeps every product's error
+    below 2^-134, rstd <= 2^100) and is ruled out for bfloat16 by flagging rows where t fell
+    below float32's normal range (``_dx_lost``); overflow gives inf or NaN, which
+    ``outside_work`` flags. A half ulp of dx is 2^-p·|dx|, so the float32 value rounds to the
+    oracle's bits except within a few float32 ulps of a rounding boundary (as the float64
+    route's twice-rounded value does), or where dx is below about 2^-(45 − p) of the
+    projection term it cancels: there it can be more than an ulp of itself off (the float64
+    route: below 2^-(52 − p)), still within the tolerance model's bound, which is relative to
+    that term.
     """
-    if not dy3.dtype == x3.dtype == dx3.dtype == F16_BITS:
+    bits = F32_DX_WEIGHT_BITS.get(x3.dtype)
+    if bits is None or not dy3.dtype == x3.dtype == dx3.dtype:
         return None
     with np.errstate(over="ignore", invalid="ignore"):
         w32 = w.astype(np.float32)
@@ -1143,7 +1195,7 @@ def _f32_weight(dy3: np.ndarray, x3: np.ndarray, dx3: np.ndarray,
     a = np.abs(w32[w32 != 0])
     if a.size and not (a.min() >= 2.0**-F32_DX_RANGE and a.max() <= 2.0**F32_DX_RANGE):
         return None
-    if np.any(w32.view(np.uint32) & _LOW_BITS):
+    if np.any(w32.view(np.uint32) & np.uint32((1 << (24 - bits)) - 1)):
         return None
     return w32
 
@@ -1156,7 +1208,7 @@ def _rms_bwd_v6(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, d
     Without a saved rstd, this thread's rows get theirs from ``_rms_rstd`` first (the values v3
     would recompute, so v3's bits): one more read of x, in exchange for the pipelined loop,
     and a first call that compiles neither v3 nor its recomputation of rstd (bench/compile.py).
-    v5 did this for a saved rstd only. A float16 call whose weight allows it computes dx in
+    v5 did this for a saved rstd only. A half call whose weight allows it computes dx in
     float32 (``_f32_weight``), in every kernel, so they keep one another's bits."""
     w32 = _f32_weight(dy3, x3, dx3, w)
     if kf == x3.shape[2] and want_dw and not want_db:
