@@ -10,11 +10,12 @@ to the half type. ``bench/halfrow.py`` times that row whole; here it is rebuilt 
 and each variant leaves a step out or does it in float32, timed as ``halfrow`` times it (one
 thread, two rows in cache, ns per element, the minimum over interleaved rounds). float16 calls
 whose weight allows it now take the compensated float32 dx below instead
-(``numba_cpu._bwd_row_and_dot_f32``: the "+ dweight loop" row, bit for bit).
+(``numba_cpu._bwd_row_and_dot_f32``: the "+ dweight loop" row, bit for bit); bfloat16 keeps
+the float64 row.
 
 - shipped: the kernel's own row helper (the float64 dx route).
-- shipped float32 dx: the kernel's float32 dx route (``_bwd_row_and_dot_f32``), half rows
-  only.
+- shipped float32 dx: the kernel's float32 dx route (``_bwd_row_and_dot_f32``), which
+  float16 takes; timed on bfloat16 rows too, for comparison.
 - as rebuilt: every step, as the kernel writes it. It should read as "shipped" (and
   ``tests/test_bench_cpu.py`` checks that it gives the same bits), so that the other rows
   differ from the kernel only where they say.
@@ -31,11 +32,11 @@ whose weight allows it now take the compensated float32 dx below instead
   and each FMA rounds once, so the difference keeps about 24 bits however much its terms
   cancel; then dx = rstd·that. The dweight term (g·x)·rstd in float64 (g·x is exact in
   float32 where it does not underflow); the next row's (g·w)·x in float64 from the float32 g·w.
-- + dweight loop: the shipped float32 row. The dweight terms from the block's float32 g·x
-  kept in a 64-element buffer, in a float64 loop of their own (float64 work in the float32
-  loop made LLVM use half-width vectors for all of it), taken from float64 for a block where a
-  bfloat16 g·x underflowed float32; the next row's sum as the float64 route sums it; and the
-  bfloat16 test for a difference below float32's normal range (``numba_cpu._dx_lost``).
+- + dweight loop: float16's shipped float32 row. The dweight terms from the block's float32
+  g·x kept in a 64-element buffer, in a float64 loop of their own (float64 work in the float32
+  loop made LLVM use half-width vectors for all of it), and the next row's sum as the float64
+  route sums it. A bfloat16 row would also need tests for a difference or a g·x below
+  float32's normal range (``numba_cpu._f32_weight``), which this row leaves out.
 - + float32 sum: that, with the next row's (g·w)·x in float32 (exact for bfloat16 where
   nothing underflows: 8 + 8 + 8 bits; not what the kernel does).
 
@@ -94,9 +95,7 @@ _DXFMA = """
 _DW_GX = "            dw_parts[p, j] += np.float64(g * xw) * rstd_s  # (8): g·x exact in float32\n"
 _SUMGW = ("            acc[lane] += np.float64(to_work(g3[b1, i1, j], dx3) * w32[j])"
           " * to_f64(x3[b1, i1, j])\n")
-_DW_BUF = ("            gx = g * xw\n            gx_blk[lane] = gx\n"
-           "            gx_lost |= K._below_f32_normal(gx, dx3) & (g != 0) & (xw != 0)\n")
-_LOST = "            outside |= K._dx_lost(t, g, xw, dx3)\n"
+_DW_BUF = "            gx_blk[lane] = g * xw  # exact for float16; bfloat16 may underflow\n"
 _OVERFLOW = "            outside |= outside_work(dxj, dx3)\n"
 _CANCEL = ("            outside |= abs(dxj) < (abs(g * w32[j]) + abs(xhat * c32)) * cancel\n")
 _DW64 = "            dw_parts[p, j] += g * xhat  # (8)\n"
@@ -116,8 +115,8 @@ VARIANTS = {  # name: (the dx step, the next row's sum)
     "float32 dx, float32 dweight": (_DX32 + _OVERFLOW + _DW32, _SUM32),
     "+ cancellation test": (_DX32 + _OVERFLOW + _CANCEL + _DW32, _SUM32),
     "compensated float32 dx": (_DXFMA + _OVERFLOW + _DW_GX, _SUMGW),
-    "+ dweight loop": (_DXFMA + _OVERFLOW + _LOST + _DW_BUF, _SUM64),
-    "+ float32 sum": (_DXFMA + _OVERFLOW + _LOST + _DW_BUF, _SUM32),
+    "+ dweight loop": (_DXFMA + _OVERFLOW + _DW_BUF, _SUM64),
+    "+ float32 sum": (_DXFMA + _OVERFLOW + _DW_BUF, _SUM32),
 }
 
 # The loop of ``_bwd_row_and_dot`` for a row length that is a multiple of 64 (the block loop
@@ -130,7 +129,6 @@ def row(g3, x3, b, i, w, w32, rstd_s, c, dx3, dw_parts, dw32, p, b1, i1, cancel)
     rstd32, c32 = np.float32(rstd_s), np.float32(c)
     rc = rstd_s * c
     gx_blk = K._lanes32()  # a block's g·x (+ dweight loop)
-    gx_lost = False
     rc_hi, rc_lo = K._split32(rc)
     for j0 in range(0, n64, LANES):
         K._read_ahead(g3, (b1, i1, j0))
@@ -139,12 +137,7 @@ def row(g3, x3, b, i, w, w32, rstd_s, c, dx3, dw_parts, dw32, p, b1, i1, cancel)
         for lane in range(LANES):
             j = j0 + lane
 %s
-        if DW_LOOP and gx_lost:  # a bfloat16 g·x underflowed: the block's terms from float64
-            gx_lost = False
-            for lane in range(LANES):
-                j = j0 + lane
-                dw_parts[p, j] += (to_f64(g3[b, i, j]) * to_f64(x3[b, i, j])) * rstd_s
-        elif DW_LOOP:
+        if DW_LOOP:
             for lane in range(LANES):
                 dw_parts[p, j0 + lane] += np.float64(gx_blk[lane]) * rstd_s  # (8)
         for lane in range(LANES):

@@ -74,32 +74,31 @@ Numerical contract
   for rare last-bit ties (tests: >= 99.9 % equal, rest within 1 ulp).
 - Half outputs (bfloat16, float16) keep the float64 statistics, and take float32 for the last
   step, as torch's opmath does: RMSNorm's y is computed in float32 arithmetic,
-  fl(fl(x·fl(rstd))·fl(w')) (x and a half weight are exact in float32), and LayerNorm's dx, its y
-  and the fused add's y are computed in float64 and rounded to float32 first; the float32 value is
-  then rounded (RNE) to the half type. RMSNorm's dx, where the weight allows it (at most 24 − p
-  significant bits, as a weight in the inputs' half format has: ``_f32_weight``), is computed in
-  float32 arithmetic, compensated: dx = rstd·(g·w − x·(rstd·c)) with g·w exact, rstd·c carried in
-  two float32 parts of one sign and each product added by a fused multiply-add, so the difference
-  keeps 24 bits however much its terms cancel (``_dxhat_minus_proj``; a plain float32 dx, measured
-  in bench/halfbwd.py, loses the contract below where dy lies along y); otherwise in float64,
-  rounded through float32. So an element may differ from the oracle's float64 value rounded once
-  only where that value lies within a few float32 ulps of a half rounding boundary: >= 99.9 % of
-  elements are bit-equal to the oracle's, the rest one ulp away (tests/test_numba_cpu_half.py, on
-  every bit pattern and on dy along y), always within the tolerance model's bound (a dx cancelled
-  below about 2^-(45 − p) of its projection term, which the float64 route keeps to 2^-(52 − p),
-  can be further off in ulps of itself, not of that term; ``_f32_weight`` has the error bound).
-  Float32 arithmetic is what brings a half forward near float32's time per element, and what makes
-  the half backwards' arithmetic cheaper (bench/cpu.py, bench/halfbwd.py). A row with an output
-  that rounds to inf or is NaN is written again in float64 and rounded once, so those rows have
-  the oracle's bits (through float32, a value just below the tie between the largest finite half
-  value and inf may round to inf where rounded once it is finite). So is, for y, a row whose rstd
-  is outside [2^-100, 2^100], where float32 products could overflow or lose bits, or in which the
-  float32 x·rstd of a nonzero x falls below float32's normal range (a tiny x beside large ones,
-  whose y a large w' makes an ordinary half value); and, for the float32 dx, a bfloat16 row in
-  which the difference g·w − x·rstd·c of a nonzero g or x falls below float32's normal range
-  (``_dx_lost``), where rstd can make its lost bits part of an ordinary dx. A row whose rstd or
-  |rstd·c| is outside [2^-100, 2^100] takes the float64 dx (``_f32_dx_row``). The float32 dx route
-  gives dweight's terms as (dy·x)·rstd, dy·x exact, where the float64 route has dy·(x·rstd).
+  fl(fl(x·fl(rstd))·fl(w')) (x and a half weight are exact in float32), and LayerNorm's dx, its y,
+  the fused add's y and bfloat16 RMSNorm dx are computed in float64 and rounded to float32 first;
+  the float32 value is then rounded (RNE) to the half type. float16 RMSNorm dx, where the weight
+  allows it (at most 13 significant bits, as a float16 weight has: ``_f32_weight``), is computed
+  in float32 arithmetic, compensated: dx = rstd·(g·w − x·(rstd·c)) with g·w exact, rstd·c carried
+  in two float32 parts of one sign and each product added by a fused multiply-add, so the
+  difference keeps 24 bits however much its terms cancel (``_dxhat_minus_proj``; a plain float32
+  dx, measured in bench/halfbwd.py, loses the contract below where dy lies along y); with other
+  weights, in float64 as bfloat16's. So an element may differ from the oracle's float64 value
+  rounded once only where that value lies within a few float32 ulps of a half rounding boundary:
+  >= 99.9 % of elements are bit-equal to the oracle's, the rest one ulp away
+  (tests/test_numba_cpu_half.py, on every bit pattern and on dy along y), always within the
+  tolerance model's bound (a dx cancelled below about 2^-34 of its projection term, which the
+  float64 route keeps to 2^-41, can be further off in ulps of itself, not of that term;
+  ``_f32_weight`` has the error bound). Float32 arithmetic is what brings a half forward near
+  float32's time per element, and what makes the float16 backward's arithmetic cheaper
+  (bench/cpu.py, bench/halfbwd.py). A row with an output that rounds to inf or is NaN is written
+  again in float64 and rounded once, so those rows have the oracle's bits (through float32, a
+  value just below the tie between the largest finite half value and inf may round to inf where
+  rounded once it is finite). So is, for y, a row whose rstd is outside [2^-100, 2^100], where
+  float32 products could overflow or lose bits, or in which the float32 x·rstd of a nonzero x
+  falls below float32's normal range (a tiny x beside large ones, whose y a large w' makes an
+  ordinary half value). A row whose rstd or |rstd·c| is outside [2^-100, 2^100] takes the float64
+  dx (``_f32_dx_row``). The float32 dx route gives dweight's terms as (dy·x)·rstd, dy·x exact,
+  where the float64 route has dy·(x·rstd).
 - Saved statistics: rstd (and LayerNorm's mean) in float32 for float16/bfloat16 inputs (what
   torch saves), float64 for float32 and float64 inputs. For float32 that is a choice: the value
   is computed in float64 anyway and costs 8 bytes per row, and a float64 rstd lets the backward
@@ -799,8 +798,8 @@ def _coef_from_xhat(g3, x3, b, i, w, kf, rstd_s, k):
 
 #: The compensated float32 dx (``_dxhat_minus_proj``) takes a row whose rstd and |rstd·c| lie
 #: within 2^+-F32_DX_RANGE (``_f32_dx_row``): rstd·c then splits into two float32 parts that
-#: carry it to 2^-47 of itself, and no product of an element with them leaves float32's range
-#: for float16 (for bfloat16 one may: an element flags its row, ``_dx_lost``).
+#: carry it to 2^-47 of itself, and no product of a float16 element with them leaves
+#: float32's range.
 F32_DX_RANGE = 100
 #: The bits of a float64 that float32's 24 keep: the rest is cut off by ``_split32``.
 _F32_HI_MASK = np.int64(-(1 << 29))
@@ -826,35 +825,6 @@ def _dxhat_minus_proj(g, xj, wj, rc_hi, rc_lo):
     x·rstd·c cancel. dx_j = rstd·(the difference)."""
     t = _fma(-xj, rc_hi, g * wj)  # dxhat − x·rc_hi, rounded once
     return _fma(-xj, rc_lo, t)  # − the rest of x·rstd·c
-
-
-def _below_f32_normal(v, out):
-    """Whether the float32 ``v`` lies below float32's normal range (2^-126; 0 included), for
-    ``out`` a bfloat16 view; always False for float16, whose products and differences in the
-    float32 dx route never need the test (``_f32_weight``). bfloat16 has float32's exponent
-    range: there a product g·x or the difference g·w − x·rstd·c can underflow and lose bits,
-    and the kernels test for it where that matters:
-
-    - the difference t, where g or x is not zero (g = x = 0 gives an exact ±0): its error is
-      then up to 2^-150, which rstd (up to 2^100) can make a large part of a normal bfloat16
-      dx, so the row is written again in float64 (``_bwd_dx_exact``);
-    - the product g·x of the dweight term, where neither is zero: that block's terms are
-      taken from float64 instead (``_bwd_row_and_dot_f32``)."""
-    raise NotImplementedError("_below_f32_normal is only callable from Numba-compiled code")
-
-
-@overload(_below_f32_normal, inline="always", jit_options={"nogil": True})
-def _below_f32_normal_impl(v, out):
-    if out.dtype == types.int16:  # bfloat16 views
-        return lambda v, out: abs(v) < np.float32(2.0**-126)
-    return lambda v, out: False
-
-
-@njit(**_INL)
-def _dx_lost(t, g, xj, out):
-    """Whether the float32 difference ``t`` of ``_dxhat_minus_proj`` may have lost bits to
-    float32's underflow (``_below_f32_normal``): the row is then written again in float64."""
-    return _below_f32_normal(t, out) & ((g != 0) | (xj != 0))
 
 
 @njit(**_INL)
@@ -943,7 +913,7 @@ def _dx_f32_row(g3, x3, b, i, w32, rstd_s, c, dx3):
         t = _dxhat_minus_proj(g, xj, w32[j], rc_hi, rc_lo)
         dxj = rstd32 * t  # (7)
         dx3[b, i, j] = from_work(dxj, dx3)
-        outside |= outside_work(dxj, dx3) | _dx_lost(t, g, xj, dx3)
+        outside |= outside_work(dxj, dx3)
     return outside
 
 
@@ -1010,19 +980,17 @@ def _bwd_row_and_dot(g3, x3, b, i, w, rstd_s, c, dx3, dw_parts, p, b1, i1):
 @njit(**_INL)
 def _bwd_row_and_dot_f32(g3, x3, b, i, w, w32, rstd_s, c, dx3, dw_parts, p, b1, i1):
     """``_bwd_row_and_dot`` on the float32 dx route: dx as ``_dx_f32_row`` writes it, the
-    dweight terms (g·x)·rstd (``_dweight_term``) from the block's float32 g·x, in a float64
-    loop of their own (float64 work inside the float32 loop made LLVM give all of it
-    half-width vectors; keeping g and x for that loop instead of their product was slower),
-    and row (b1, i1)'s Σ dxhat·x as ``_dot_lanes`` sums it (its bits). g·x is
-    exact in float32 but where a bfloat16 product underflows (``_below_f32_normal``); such a
-    block takes its terms from float64. The caller checks ``_f32_dx_row``."""
+    dweight terms (g·x)·rstd (``_dweight_term``) from the block's float32 g·x (exact for
+    float16: 22 bits, far from float32's limits), in a float64 loop of their own (float64
+    work inside the float32 loop made LLVM give all of it half-width vectors; keeping g and x
+    for that loop instead of their product was slower), and row (b1, i1)'s Σ dxhat·x as
+    ``_dot_lanes`` sums it (its bits). The caller checks ``_f32_dx_row``."""
     n = x3.shape[2]
     acc = _lanes()
-    gx_blk = _lanes32()  # the block's g·x, exact in float32 unless it underflowed
+    gx_blk = _lanes32()  # the block's g·x, exact in float32
     rstd32 = np.float32(rstd_s)
     rc_hi, rc_lo = _split32(rstd_s * c)
     outside = False  # whether dx needs ``_bwd_dx_exact``
-    gx_lost = False  # whether a g·x of the block underflowed float32
     n64 = n - n % LANES
     for j0 in range(0, n64, LANES):  # 64 elements of dx, their dweight terms, the next row's
         _read_ahead(g3, (b1, i1, j0))
@@ -1035,19 +1003,10 @@ def _bwd_row_and_dot_f32(g3, x3, b, i, w, w32, rstd_s, c, dx3, dw_parts, p, b1, 
             t = _dxhat_minus_proj(g, xj, w32[j], rc_hi, rc_lo)  # (5)-(6)
             dxj = rstd32 * t  # (7)
             dx3[b, i, j] = from_work(dxj, dx3)
-            outside |= outside_work(dxj, dx3) | _dx_lost(t, g, xj, dx3)
-            gx = g * xj
-            gx_blk[lane] = gx
-            gx_lost |= _below_f32_normal(gx, dx3) & (g != 0) & (xj != 0)
-        if gx_lost:  # (bfloat16 only) this block's dweight terms from float64, exact g·x
-            gx_lost = False
-            for lane in range(LANES):
-                j = j0 + lane
-                gx64 = to_f64(g3[b, i, j]) * to_f64(x3[b, i, j])
-                dw_parts[p, j] += gx64 * rstd_s  # (8)
-        else:
-            for lane in range(LANES):
-                dw_parts[p, j0 + lane] += np.float64(gx_blk[lane]) * rstd_s  # (8)
+            outside |= outside_work(dxj, dx3)
+            gx_blk[lane] = g * xj  # exact
+        for lane in range(LANES):
+            dw_parts[p, j0 + lane] += np.float64(gx_blk[lane]) * rstd_s  # (8)
         for lane in range(LANES):
             j = j0 + lane
             acc[lane] += (to_f64(g3[b1, i1, j]) * w[j]) * to_f64(x3[b1, i1, j])  # next row
@@ -1058,7 +1017,7 @@ def _bwd_row_and_dot_f32(g3, x3, b, i, w, w32, rstd_s, c, dx3, dw_parts, p, b1, 
         t = _dxhat_minus_proj(g, xj, w32[j], rc_hi, rc_lo)
         dxj = rstd32 * t
         dx3[b, i, j] = from_work(dxj, dx3)
-        outside |= outside_work(dxj, dx3) | _dx_lost(t, g, xj, dx3)
+        outside |= outside_work(dxj, dx3)
         dw_parts[p, j] += (np.float64(g) * np.float64(xj)) * rstd_s
         acc[lane] += (to_f64(g3[b1, i1, j]) * w[j]) * to_f64(x3[b1, i1, j])
     return _lane_tree(acc), outside
@@ -1155,38 +1114,40 @@ def _rms_rstd(x3, kf, eps, rstd_out, r0, r1):
         rstd_out[r] = math.ldexp(rstd_s, -k)
 
 
-#: The significant bits a weight may have for the float32 dx route, per half format (the
-#: 16-bit views): 24 − p, so that g·w, p bits times these, is exact in float32.
-F32_DX_WEIGHT_BITS = {F16_BITS: 24 - 11, BF16_BITS: 24 - 8}
+#: The significant bits a weight may have for the float32 dx route: 24 − 11, so that g·w, a
+#: float16 g (11 bits) times the weight, is exact in float32.
+F32_DX_WEIGHT_BITS = 24 - 11
 
 
 def _f32_weight(dy3: np.ndarray, x3: np.ndarray, dx3: np.ndarray,
                 w: np.ndarray) -> np.ndarray | None:
     """The weight row in float32 when the call's dx may take the float32 route, else None.
 
-    The route (``_dxhat_minus_proj``) is taken for half dy, x and dx of one format with a
-    weight row w' (offset added) that is exact in float32 with at most
+    The route (``_dxhat_minus_proj``) is taken for float16 dy, x and dx (the 16-bit views)
+    with a weight row w' (offset added) that is exact in float32 with at most
     ``F32_DX_WEIGHT_BITS`` significant bits and nonzero magnitudes within 2^+-F32_DX_RANGE: a
-    weight in the same half format is (with an offset of 1, only where w' keeps few bits).
+    float16 weight is (with an offset of 1, only where w' keeps few bits).
 
     Why it keeps the contract: per row (``_f32_dx_row``: rstd and |rstd·c| within
     2^+-F32_DX_RANGE), g·w and x·rc_hi are exact (inside the fused multiply-adds), each
     multiply-add rounds once (2^-24 of its result, or 2^-150 where the result is below
     float32's normal range), and rstd·c − rc_hi − rc_lo is at most 2^-47·|rstd·c|. So the
     difference t is within about 2^-23·|t| + 2^-45·|x·rstd·c| + 3·2^-150 of the exact one, and
-    dx = fl(fl32(rstd)·t) within about 2^-22·|dx| + 2^-45·|rstd·xhat·c| + rstd·3·2^-150. The
-    last term is far below a half ulp for float16 (|x| < 2^16 keeps every product's error
-    below 2^-134, rstd <= 2^100) and is ruled out for bfloat16 by flagging rows where t fell
-    below float32's normal range (``_dx_lost``); overflow gives inf or NaN, which
-    ``outside_work`` flags. A half ulp of dx is 2^-p·|dx|, so the float32 value rounds to the
-    oracle's bits except within a few float32 ulps of a rounding boundary (as the float64
-    route's twice-rounded value does), or where dx is below about 2^-(45 − p) of the
-    projection term it cancels: there it can be more than an ulp of itself off (the float64
-    route: below 2^-(52 − p)), still within the tolerance model's bound, which is relative to
-    that term.
+    dx = fl(fl32(rstd)·t) within about 2^-22·|dx| + 2^-45·|rstd·xhat·c| + rstd·3·2^-150; the
+    last term is below 2^-48 (rstd <= 2^100), far under float16's smallest spacing (2^-24),
+    and overflow gives inf or NaN, which ``outside_work`` flags. A half ulp of dx is
+    2^-11·|dx|, so the float32 value rounds to the oracle's bits except within a few float32
+    ulps of a rounding boundary (as the float64 route's twice-rounded value does), or where dx
+    is below about 2^-34 of the projection term it cancels: there it can be more than an ulp
+    of itself off (the float64 route: below 2^-41), still within the tolerance model's bound,
+    which is relative to that term.
+
+    bfloat16 keeps the float64 dx. Its float32 exponent range lets the difference and g·x
+    underflow float32 where rstd makes the lost bits matter, so its route needs tests per
+    element (rows and blocks sent back to float64); built that way it was measured
+    (bench/results/cpu-summary.md) and not kept.
     """
-    bits = F32_DX_WEIGHT_BITS.get(x3.dtype)
-    if bits is None or not dy3.dtype == x3.dtype == dx3.dtype:
+    if not dy3.dtype == x3.dtype == dx3.dtype == F16_BITS:
         return None
     with np.errstate(over="ignore", invalid="ignore"):
         w32 = w.astype(np.float32)
@@ -1195,7 +1156,7 @@ def _f32_weight(dy3: np.ndarray, x3: np.ndarray, dx3: np.ndarray,
     a = np.abs(w32[w32 != 0])
     if a.size and not (a.min() >= 2.0**-F32_DX_RANGE and a.max() <= 2.0**F32_DX_RANGE):
         return None
-    if np.any(w32.view(np.uint32) & np.uint32((1 << (24 - bits)) - 1)):
+    if np.any(w32.view(np.uint32) & np.uint32((1 << (24 - F32_DX_WEIGHT_BITS)) - 1)):
         return None
     return w32
 
@@ -1208,7 +1169,7 @@ def _rms_bwd_v6(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, d
     Without a saved rstd, this thread's rows get theirs from ``_rms_rstd`` first (the values v3
     would recompute, so v3's bits): one more read of x, in exchange for the pipelined loop,
     and a first call that compiles neither v3 nor its recomputation of rstd (bench/compile.py).
-    v5 did this for a saved rstd only. A half call whose weight allows it computes dx in
+    v5 did this for a saved rstd only. A float16 call whose weight allows it computes dx in
     float32 (``_f32_weight``), in every kernel, so they keep one another's bits."""
     w32 = _f32_weight(dy3, x3, dx3, w)
     if kf == x3.shape[2] and want_dw and not want_db:
