@@ -165,8 +165,10 @@ def test_pipelined_backward_equals_exact_path(rng, dtype):
     the path that also returns dbias (v3: the same operations, one row at a time), and so do
     dweight's bits, with rows whose dx is subnormal, overflows (|dy| a quarter of the largest
     value, times weights up to ~12) or is NaN among ordinary rows. float16 takes the float32
-    dx route in both (``_f32_weight``: a float16 weight), bfloat16 the float64 one."""
-    m, n = 150, 192
+    dx route in both (``_f32_weight``: a weight of float16 values), bfloat16 the float64 one.
+    N = 200: three 64-element blocks and a tail of 8, which the pipelined row writes in a loop
+    of its own."""
+    m, n = 150, 200
     big, tiny = float(ml_dtypes.finfo(dtype).max) / 4, float(ml_dtypes.finfo(dtype).tiny)
     x = rng.standard_normal((m, n)).astype(dtype)
     dy = rng.standard_normal((m, n))
@@ -184,6 +186,14 @@ def test_pipelined_backward_equals_exact_path(rng, dtype):
     bad = np.argwhere(got != want)
     assert bad.size == 0, f"{len(bad)} dx elements differ, first at {tuple(bad[0])}"
     np.testing.assert_array_equal(fast.dweight.view(np.uint16), exact.dweight.view(np.uint16))
+    # the same weight values in float32: dweight comes out in float32, where a term's last
+    # bits are not rounded away (and float16 still takes the float32 dx route)
+    w32 = w.astype(np.float32)
+    fast32 = K.rms_norm_backward(dy, x, n, w32, rstd=rstd)
+    exact32 = K.rms_norm_backward(dy, x, n, w32, rstd=rstd, bias=w32)
+    np.testing.assert_array_equal(fast32.dx.view(np.uint16), fast.dx.view(np.uint16))
+    np.testing.assert_array_equal(fast32.dweight.view(np.uint32),
+                                  exact32.dweight.view(np.uint32))
     dx = fast.dx.astype(np.float32)
     assert np.isnan(dx[100]).all() and np.isinf(dx[70]).any()
     assert ((dx[5] != 0) & (np.abs(dx[5]) < tiny)).any()
@@ -224,8 +234,9 @@ def test_the_float32_dx_keeps_the_contract_where_its_terms_cancel(rng, kind, dty
     float32 dx left 2.8 % of float16 elements more than an ulp off there (13 % of bfloat16
     ones; bench/results/halfbwd.md); float16's compensated one (``_dxhat_minus_proj``) keeps
     the contract, as bfloat16's float64 dx does, through the pipelined kernel and v3 (the path
-    that also returns dbias) alike, with a weight of ones and a weight in the half format."""
-    m, n = 64, 1024
+    that also returns dbias) alike, with a weight of ones and a weight in the half format.
+    N = 1000 puts 40 elements of each row in the pipelined row's tail loop."""
+    m, n = 64, 1000
     x = rng.standard_normal((m, n)).astype(dtype)
     for w in (np.ones(n, dtype), (1 + 0.1 * rng.standard_normal(n)).astype(dtype)):
         y, rstd = K.rms_norm_forward(x, n, w)
