@@ -33,38 +33,45 @@ BF16 = rmsref.bfloat16
 
 
 def _weights(rng, n, extreme):
-    """Standard normal float32 weights; ``extreme`` puts float32 values whose products with
-    x·rstd are bfloat16 subnormals (1e-39), overflow (3e38) or zero in some columns."""
+    """Standard normal float32 weights; ``extreme`` "tiny" puts float32 values whose products
+    with x·rstd are bfloat16 subnormals (1e-39) in some columns, "overflow" these and values
+    whose products overflow (3e38) and zeros."""
     w = rng.standard_normal(n).astype(np.float32)
-    if extreme:
+    if extreme in ("tiny", "overflow"):
         w[::7] = np.float32(1e-39)
+    if extreme == "overflow":
         w[3::11] = np.float32(3e38)
         w[5::13] = 0.0
     return w
 
 
-@pytest.mark.parametrize("extreme", [False, True], ids=["normal", "subnormal-overflow"])
-def test_bfloat16_forward_is_its_float32_route(rng, extreme):
-    """y in bfloat16 from float32 inputs (float64 rstd returned, so the kernel's values are
-    reproducible here) equals, bit for bit, fl32(fl32(x·fl32(rstd))·w) rounded once to
-    bfloat16 (NumPy float32 arithmetic, ml_dtypes' RNE), subnormal y included; a row whose
-    float32 y has an inf (``extreme``: weights of 3e38) or a NaN, or whose x·rstd of a nonzero
-    x falls below float32's normal range, equals its float64 value rounded once instead. 40
-    rows: pipelined and block-final rows."""
+@pytest.mark.parametrize("x_dtype", [np.dtype(np.float32), BF16], ids=["float32-x", "bf16-x"])
+@pytest.mark.parametrize("extreme", ["normal", "tiny", "overflow"])
+def test_bfloat16_forward_is_its_float32_route(rng, extreme, x_dtype):
+    """y in bfloat16 from float32 or bfloat16 inputs (float64 rstd returned for float32 x, so
+    the kernel's values are reproducible here) equals, bit for bit, fl32(fl32(x·fl32(rstd))·w)
+    rounded once to bfloat16 (NumPy float32 arithmetic, ml_dtypes' RNE), subnormal y included
+    ("tiny": the pipelined kernel's hardware rounding would give 0 for them, so its bound
+    ``_y_normal`` sends those rows to the unpipelined write); a row whose float32 y has an inf
+    ("overflow": weights of 3e38, which also make the call take v4) or a NaN, or whose x·rstd
+    of a nonzero x falls below float32's normal range, equals its float64 value rounded once
+    instead. 40 rows of 200 (pipelined rows, 64-element blocks and a tail)."""
     m, n = 40, 200
-    x = rng.standard_normal((m, n)).astype(np.float32)
+    x = rng.standard_normal((m, n)).astype(x_dtype)
     x[3, :5] = [0.0, -0.0, 0.0, -0.0, 0.0]  # exact zeros keep their sign, in the fast route
     x[9, 17] = np.nan  # a NaN row: NaN everywhere
     x[21, :2] = [3e30, -2e-20]  # x·rstd of 2e-20 underflows float32: the float64 route
     w = _weights(rng, n, extreme)
     y, rstd = K.rms_norm_forward(x, n, w, out_dtype=BF16)
-    assert rstd.dtype == np.float64
+    rstd = rstd.astype(np.float32)  # (float32 already for bfloat16 x)
+    x32 = x.astype(np.float32)
     with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-        xhat32 = x * rstd.astype(np.float32)
+        xhat32 = x32 * rstd
         y32 = xhat32 * w
-    lost = (x != 0) & (np.abs(xhat32) < np.finfo(np.float32).tiny)
+    lost = (x32 != 0) & (np.abs(xhat32) < np.finfo(np.float32).tiny)
     exact_rows = ~np.isfinite(y32).all(axis=1) | lost.any(axis=1)
-    y64 = (x.astype(np.float64) * rstd) * w.astype(np.float64)
+    _, rstd64 = rmsref.rms_norm_forward(x, n, w)
+    y64 = (x.astype(np.float64) * rstd64.astype(np.float64)) * w.astype(np.float64)
     want = np.where(exact_rows[:, None],
                     hb.encode(y64.reshape(-1), hb.BF16_BITS).view(np.uint16).reshape(m, n),
                     y32.astype(BF16).view(np.uint16))
@@ -72,9 +79,83 @@ def test_bfloat16_forward_is_its_float32_route(rng, extreme):
     bad = np.argwhere(got != want)
     assert bad.size == 0, (f"{len(bad)} elements differ, first at {tuple(bad[0])}: got "
                            f"{got[tuple(bad[0])]:#06x}, want {want[tuple(bad[0])]:#06x}")
-    assert exact_rows[9] and exact_rows[21] and exact_rows.sum() == (2 + extreme * (m - 2))
-    if extreme:
+    assert exact_rows[9] and exact_rows[21]
+    assert exact_rows.sum() == (m if extreme == "overflow" else 2)
+    if extreme == "tiny":  # subnormal y, which the pipelined kernel must not flush to zero
+        y_sub = np.abs(y.astype(np.float64)) < 2.0**-126
+        assert (y_sub & (y.astype(np.float64) != 0) & ~exact_rows[:, None]).any()
+    if extreme == "overflow":
         assert np.isinf(y.astype(np.float32)).any() and (np.abs(y64) < 2.0**-126).any()
+
+
+@pytest.mark.parametrize("x_dtype", [BF16, np.dtype(np.float32)], ids=["bf16-x", "float32-x"])
+def test_the_forward_bound_sends_a_lost_x_rstd_to_float64_whatever_the_weights(x_dtype):
+    """``_y_normal``'s first test alone: in rows of 64 (one block of the pipelined loop, no
+    tail, whose elements are tested one by one) the smallest nonzero |x|, |-1.0078125·2^-88|
+    beside 2^60, gives an x·rstd of -14·2^-149, a float32 subnormal that kept 4 bits, while
+    every weight is at least 2^20, so the bound's second test (that x·rstd times the
+    smallest weight, 1.75·2^-126) passes. y = x·rstd·2^100 is an ordinary bfloat16 value,
+    several ulps off in float32; the row must be written again in float64: the oracle's
+    bits, in 40 pipelined rows, from bfloat16 or float32 x. (The tiny x is negative: a bound
+    that took the smallest x instead of the smallest |x| would miss it.)"""
+    n = 64
+    row = np.zeros(n)
+    row[:3] = [2.0**60, -1.0078125 * 2.0**-88, 2.0**59]
+    x = np.tile(row, (40, 1)).astype(x_dtype)
+    w = np.full(n, 2.0**20)
+    w[1] = 2.0**100
+    w = w.astype(BF16)
+    y, rstd = K.rms_norm_forward(x, n, w, out_dtype=BF16)
+    want, _ = rmsref.rms_norm_forward(x, n, w, out_dtype=BF16)
+    with np.errstate(under="ignore"):
+        xhat32 = x.astype(np.float32) * rstd.astype(np.float32)
+    assert 0 < -xhat32[0, 1] < np.finfo(np.float32).tiny  # subnormal, bits lost
+    assert (-xhat32[:, 1] * np.float32(2.0**20) >= np.finfo(np.float32).tiny).all()
+    y32 = (xhat32 * w.astype(np.float32)).astype(BF16)
+    assert (y32.view(np.uint16) != want.view(np.uint16))[:, 1].all()  # float32 is wrong here
+    np.testing.assert_array_equal(y.view(np.uint16), want.view(np.uint16))
+
+
+def test_the_hardware_bfloat16_rounding_equals_the_integer_one_where_the_kernel_uses_it(rng):
+    """``store_lanes`` (``vcvtneps2bf16`` where the CPU has it: ``_halfbits.BF16_HW``)
+    equals ``f32_to_bf16_bits_rne`` (tested against ml_dtypes in test_halfbits.py) on ±0 and
+    every kind of normal float32 below the tie that rounds to inf: 2^20 random bit patterns,
+    the ties and the values next to them, and the ends of the normal range."""
+    from numba import njit
+
+    @njit
+    def both(v, hard, soft):
+        for j0 in range(0, v.size, 64):
+            hard3 = hard[j0:j0 + 64].reshape(1, 1, 64)
+            hb.store_lanes(v[j0:j0 + 64], hard3, (0, 0, 0))
+            for lane in range(64):
+                soft[j0 + lane] = hb.f32_to_bf16_bits_rne(v[j0 + lane])
+
+    bits = rng.integers(0, 1 << 32, 1 << 20, dtype=np.uint64).astype(np.uint32)
+    ties = rng.integers(0x0080, 0x7F7F, 1 << 14, dtype=np.uint32) << 16 | 0x8000
+    edges = np.array([0x00800000, 0x00800001, 0x7F7F7FFF, 0x7F7F0000, 0x3F800000],
+                     np.uint32)
+    bits = np.concatenate([bits, ties, ties - 1, ties + 1, edges, np.zeros(1, np.uint32)])
+    bits = np.concatenate([bits, bits | 0x80000000])
+    a = bits & 0x7FFFFFFF
+    v = bits[((a >= 0x00800000) & (a < 0x7F7F8000)) | (a == 0)].view(np.float32)
+    v = v[: v.size - v.size % 64]
+    hard = np.empty(v.size, np.int16)
+    soft = np.empty(v.size, np.int16)
+    both(v, hard, soft)
+    np.testing.assert_array_equal(hard, soft)
+
+
+def test_the_bfloat16_forward_into_a_strided_out_has_the_same_bits(rng):
+    """The pipelined forward's block store writes 64 contiguous elements in hardware; an
+    ``out`` whose rows are strided takes the lane-by-lane store instead, with the same bits
+    (64 rows of 200: three blocks and a tail)."""
+    x = rng.standard_normal((64, 200)).astype(BF16)
+    w = rng.standard_normal(200).astype(BF16)
+    y, _ = K.rms_norm_forward(x, 200, w)
+    out = np.empty((64, 400), BF16)[:, ::2]
+    K.rms_norm_forward(x, 200, w, out=out)
+    np.testing.assert_array_equal(out.view(np.uint16), y.view(np.uint16))
 
 
 @pytest.mark.parametrize("rows", [1, 40], ids=["one-row", "pipelined"])

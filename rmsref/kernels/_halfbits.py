@@ -22,7 +22,10 @@ Conversions:
   Numba's target has it: the same values, a few times fewer instructions than the integer
   route, which stays for other targets and for ``decode_to_f32`` (payloads bit for bit).
 - float32 -> half rounds to nearest, ties to even (RNE). Overflow gives +-inf, tiny values give
-  subnormals or +-0. NaN: float16 keeps the top 10 payload bits (0x7c01 if they are all zero),
+  subnormals or +-0. ``store_lanes`` rounds 64 float32 values to bfloat16 at once, by the CPU's
+  instruction where it has one (x86 AVX512-BF16: ``BF16_HW``), which takes a subnormal as
+  zero: its caller keeps to ±0 and normal values (``numba_cpu._y_normal``).
+  NaN: float16 keeps the top 10 payload bits (0x7c01 if they are all zero),
   as NumPy does; bfloat16 gives the canonical quiet NaN with the input's sign, as ml_dtypes does.
 - float64 -> half rounds *once* (RNE of the exact float64 value). Going through float32 with RNE
   would round twice, which can differ when float32 rounding lands exactly on a half-way point of
@@ -97,24 +100,25 @@ def f16_bits_to_f32(b):
     return np.int32(sign | u).view(np.float32)
 
 
-def _target_has_f16c() -> bool:
-    """Whether the CPU Numba compiles for converts float16 in hardware (x86 F16C).
+def _target_has(feature: str) -> bool:
+    """Whether the CPU Numba compiles for has LLVM feature ``feature`` ("f16c": float16
+    conversions; "avx512bf16": float32 -> bfloat16 rounding, x86 ``vcvtneps2bf16``).
 
-    Without it LLVM lowers a half conversion to a runtime-library call that Numba's JIT may
+    Without it LLVM lowers such a conversion to a runtime-library call that Numba's JIT may
     not resolve, so the kernels then keep the integer route. A target set through
-    NUMBA_CPU_NAME (a portable cache) counts only with an explicit ``+f16c`` in
+    NUMBA_CPU_NAME (a portable cache) counts only with an explicit ``+feature`` in
     NUMBA_CPU_FEATURES.
     """
     if config.CPU_NAME or config.CPU_FEATURES:
-        return "+f16c" in (config.CPU_FEATURES or "").split(",")
+        return "+" + feature in (config.CPU_FEATURES or "").split(",")
     import llvmlite.binding as llvm
 
-    return bool(llvm.get_host_cpu_features().get("f16c", False))
+    return bool(llvm.get_host_cpu_features().get(feature, False))
 
 
 #: Whether ``to_f64`` widens float16 with the hardware conversion (one vcvtph2ps per 8 or 16
 #: elements in a vectorised loop, against about ten integer instructions).
-F16C = _target_has_f16c()
+F16C = _target_has("f16c")
 
 
 @intrinsic
@@ -547,6 +551,152 @@ def f32_to_bf16_bits_rne(v):
     u = np.int32(np.float32(v).view(np.int32))
     lsb = (u >> np.int32(16)) & np.int32(1)
     return np.int16(np.int32(u + np.int32(0x7FFF) + lsb) >> np.int32(16))
+
+
+def _bfloat_type():
+    """LLVM's ``bfloat`` type, which llvmlite has no class for (None where this llvmlite's
+    float types cannot be extended: the kernels then keep the integer rounding)."""
+    try:
+        from llvmlite.ir import types as irt
+
+        class BFloatType(irt._BaseFloatType):
+            null = "0.0"
+            intrinsic_name = "bf16"
+
+            def __str__(self):
+                return "bfloat"
+
+        BFloatType._create_instance()
+        return BFloatType()
+    except (AttributeError, TypeError):  # pragma: no cover (another llvmlite)
+        return None
+
+
+_BFLOAT = _bfloat_type()
+
+#: Whether ``store_lanes`` rounds float32 to bfloat16 in hardware: LLVM's ``fptrunc`` to
+#: ``bfloat`` on a vector of 16, which x86 with AVX512-BF16 does in one ``vcvtneps2bf16``
+#: (RNE, as ``f32_to_bf16_bits_rne``, but it takes a subnormal input as zero and gives zero
+#: for a subnormal result). LLVM vectorises no loop of scalar bfloat conversions, hence the
+#: explicit vector.
+BF16_HW = _target_has("avx512bf16") and _BFLOAT is not None
+
+
+@intrinsic
+def _store_bf16_hw(typingctx, lanes, out, idx):
+    """out[idx] and the 63 elements after it on the last axis (which must be contiguous) =
+    the 64 float32 ``lanes`` rounded to bfloat16 bits by ``fptrunc`` (see ``BF16_HW``): four
+    vector conversions and stores."""
+    from llvmlite import ir
+    from numba.core import cgutils
+
+    def codegen(context, builder, signature, args):
+        lty, oty = signature.args[0], signature.args[1]
+        src = context.make_array(lty)(context, builder, args[0]).data
+        arr = context.make_array(oty)(context, builder, args[1])
+        dst = cgutils.get_item_pointer(context, builder, oty, arr,
+                                       cgutils.unpack_tuple(builder, args[2]))
+        v16f = ir.VectorType(ir.FloatType(), 16)
+        v16b = ir.VectorType(_BFLOAT, 16)
+        v16i = ir.VectorType(ir.IntType(16), 16)
+        for q in range(4):
+            v = builder.load(builder.bitcast(builder.gep(src, [ir.Constant(ir.IntType(64),
+                                                                           16 * q)]),
+                                             v16f.as_pointer()), align=4)
+            h = builder.bitcast(builder.fptrunc(v, v16b), v16i)
+            d = builder.gep(dst, [ir.Constant(ir.IntType(64), 16 * q)])
+            builder.store(h, builder.bitcast(d, v16i.as_pointer()), align=2)
+        return context.get_dummy_value()
+
+    return types.none(lanes, out, idx), codegen
+
+
+def store_lanes(lanes, out, idx):
+    """out[b, i, j0 .. j0 + 63] (``idx`` = (b, i, j0)) = the 64 float32 ``lanes`` rounded
+    (RNE) to bfloat16 bits, ``out`` a bfloat16 view: in hardware where the CPU has it and
+    out's last axis is contiguous (``BF16_HW``), else by ``f32_to_bf16_bits_rne``. The two
+    give the same bits where every lane is ±0 or a normal float32 below the tie that rounds
+    to inf; a caller keeps to that (``numba_cpu._y_normal``) or writes the row again."""
+    raise NotImplementedError("store_lanes is only callable from Numba-compiled code")
+
+
+@njit(inline="always", nogil=True)
+def _store_lanes_soft(lanes, out, idx):
+    """``store_lanes`` by ``f32_to_bf16_bits_rne``, lane by lane."""
+    b, i, j0 = idx
+    for lane in range(64):
+        out[b, i, j0 + lane] = f32_to_bf16_bits_rne(lanes[lane])
+
+
+@overload(store_lanes, inline="always", jit_options={"nogil": True})
+def _store_lanes_impl(lanes, out, idx):
+    if out.dtype != types.int16:
+        return None
+    if not BF16_HW:
+        return lambda lanes, out, idx: _store_lanes_soft(lanes, out, idx)
+    if out.layout == "C":  # contiguous by its type: no test
+        return lambda lanes, out, idx: _store_bf16_hw(lanes, out, idx)
+
+    def impl(lanes, out, idx):
+        if out.strides[2] == 2:  # contiguous elements: the vector stores
+            _store_bf16_hw(lanes, out, idx)
+        else:
+            _store_lanes_soft(lanes, out, idx)
+
+    return impl
+
+
+@_jit
+def _f32_of_bits(bits):
+    """The float32 whose bits are ``bits`` (0 <= bits < 2^31)."""
+    return np.int32(bits).view(np.float32)
+
+
+def magnitude_key(e):
+    """A key of element ``e`` (half bits or float32) whose maximum over a row gives the row's
+    smallest nonzero |x| (``smallest_magnitude``): 0 for ±0, else 2^w − |bits| in w-bit
+    unsigned arithmetic (w = 16 or 32), so a smaller magnitude has a larger key (the bits of
+    a nonnegative float order as its value). A max over 16-bit keys is one instruction per 32
+    elements."""
+    raise NotImplementedError("magnitude_key is only callable from Numba-compiled code")
+
+
+def smallest_magnitude(key, x):
+    """The float32 value of the smallest nonzero |x_j| from the maximum ``key`` of
+    ``magnitude_key`` over a row of array ``x``; inf when every x_j is ±0 (key 0)."""
+    raise NotImplementedError("smallest_magnitude is only callable from Numba-compiled code")
+
+
+@overload(magnitude_key, jit_options={"nogil": True})
+def _magnitude_key_impl(e):
+    if e in (types.int16, types.uint16):
+        return lambda e: np.uint16(np.int32(0) - (np.int32(e) & np.int32(0x7FFF)))
+    if e == types.float32:
+        return lambda e: np.uint32(
+            np.int32(0) - (np.float32(e).view(np.int32) & np.int32(0x7FFFFFFF)))
+    return None
+
+
+@overload(smallest_magnitude, jit_options={"nogil": True})
+def _smallest_magnitude_impl(key, x):
+    dt = x.dtype
+    if dt == types.int16:
+        decode = bf16_bits_to_f32
+    elif dt == types.uint16:
+        decode = f16_bits_to_f32
+    elif dt == types.float32:
+        decode = _f32_of_bits
+    else:
+        return None
+    mask = np.int64(0x7FFF if dt.bitwidth == 16 else 0x7FFFFFFF)
+
+    def impl(key, x):
+        if key == 0:
+            return np.float32(np.inf)
+        bits = (np.int64(0) - np.int64(key)) & mask
+        return np.float32(decode(bits))
+
+    return impl
 
 
 @overload(from_work, jit_options={"nogil": True})
