@@ -65,14 +65,13 @@ def _kernels():
                 y3[0, 0, j] = from_f64(to_f64(x3[0, 0, j]) * rstd * w[j], y3)
 
     @njit(**opts)
-    def fwd_row(x3, w, y3, reps):
+    def fwd_row(x3, w, y3, w_floor, reps):
         K._wide_vectors_for(x3)  # as the kernels: 512-bit vectors for half rows
         t = 0.0
         ww = work_row(w, x3, y3)
-        w_floor = K._weight_floor(ww, x3, y3)
         for rep in range(reps):
             rstd_w = as_work(1.0 + rep * 1e-9, x3, y3)
-            ss, outside = K._write_and_sumsq(x3, 0, 0, ww, w_floor, y3, rstd_w, 0, 1, False)
+            ss, outside = K._write_and_sumsq(x3, 0, 0, ww, y3, rstd_w, 0, 1, False, w_floor)
             t += ss + outside  # both results used: an unused flag's tests would be left out
         return t
 
@@ -126,10 +125,10 @@ def _kernel_loops():
     opts = {"nogil": True, "error_model": "numpy"}
 
     @njit(**opts)
-    def fwd(x3, w, y3, rstd_out, redo, reps):
+    def fwd(x3, w, y3, rstd_out, redo, w_floor, reps):
         blocks = -(-x3.shape[1] // K.ROWS_PER_BLOCK)
         for _ in range(reps):
-            K._rms_fwd_pipelined(x3, w, 1e-6, y3, rstd_out, redo, 0, blocks)
+            K._rms_fwd_pipelined(x3, w, 1e-6, y3, rstd_out, redo, w_floor, 0, blocks)
 
     @njit(**opts)
     def bwd(g3, x3, w, w32, rstd, dx3, parts, redo, reps):
@@ -159,12 +158,13 @@ def in_cache(dtype: np.dtype, n: int, reps: int, rounds: int) -> dict[str, float
     out3 = np.empty_like(x3)
     w = (1.0 + 0.1 * rng.standard_normal(n)).astype(dtype).astype(np.float64)  # as bench/cpu.py
     w32 = K._f32_weight(g3, x3, out3, w)  # the library's dx route
+    w_floor = K._weight_floor(w, x3, out3)  # the library's y route
     rstd_out = np.empty(rows, K._stat_dtype(np.dtype(dtype)))
     rstd = 1.0 / np.sqrt(np.mean(np.square(x.astype(np.float64)), axis=1) + 1e-6)
     parts = np.empty((-(-rows // K.ROWS_PER_PART), n))
     redo = np.empty(rows, np.bool_)  # rows the kernel would have written again (none here)
     calls = {
-        "fwd kernel": lambda r: fwd(x3, w, out3, rstd_out, redo, r),
+        "fwd kernel": lambda r: fwd(x3, w, out3, rstd_out, redo, w_floor, r),
         "bwd kernel": lambda r: bwd(g3, x3, w, w32, rstd, out3, parts, redo, r),
     }
     for call in calls.values():
@@ -189,11 +189,12 @@ def measure(dtype: np.dtype, n: int, reps: int, rounds: int) -> dict[str, float]
     y3, res3 = np.empty_like(x3), np.empty_like(x3)
     w = rng.standard_normal(n).astype(dtype).astype(np.float64)  # a weight in x's dtype
     w32 = K._f32_weight(g3, x3, y3, w)  # the library's dx route
+    w_floor = K._weight_floor(w, x3, y3)  # the library's y route
     parts = np.zeros((1, n))
     calls = {
         "sumsq": lambda r: sumsq(x3, r),
         "encode exact": lambda r: encode_exact(x3, w, y3, r),
-        "fwd row": lambda r: fwd_row(x3, w, y3, r),
+        "fwd row": lambda r: fwd_row(x3, w, y3, w_floor, r),
         "write row": lambda r: write_row(x3, w, y3, r),
         "bwd row": lambda r: bwd_row(g3, x3, w, w32, y3, parts, r),
         "add fwd row": lambda r: add_fwd_row(x3, r3, w, y3, res3, r),

@@ -45,8 +45,9 @@ def _kernels(n: int, rows: int) -> dict:
                                                      redo, 0, 1), (out3, parts)),
         "LayerNorm fwd": (lambda: K._ln_fwd(x3, w, w, 1e-5, out3, rstd_out, rstd_out, redo, 0,
                                             blocks), (out3, rstd_out)),
-        "RMSNorm fwd": (lambda: K._rms_fwd_pipelined(x3, w, 1e-6, out3, rstd_out, redo, 0,
-                                                     blocks), (out3, rstd_out)),
+        "RMSNorm fwd": (lambda: K._rms_fwd_pipelined(x3, w, 1e-6, out3, rstd_out, redo,
+                                                     K._weight_floor(w, x3, out3), 0, blocks),
+                        (out3, rstd_out)),
     }
 
 

@@ -117,19 +117,22 @@ def test_the_forward_bound_sends_a_lost_x_rstd_to_float64_whatever_the_weights(x
 
 
 def test_the_hardware_bfloat16_rounding_equals_the_integer_one_where_the_kernel_uses_it(rng):
-    """``store_lanes`` (``vcvtneps2bf16`` where the CPU has it: ``_halfbits.BF16_HW``)
-    equals ``f32_to_bf16_bits_rne`` (tested against ml_dtypes in test_halfbits.py) on ±0 and
-    every kind of normal float32 below the tie that rounds to inf: 2^20 random bit patterns,
-    the ties and the values next to them, and the ends of the normal range."""
+    """``store_lanes`` into a C-contiguous out (``vcvtneps2bf16`` where the CPU has it:
+    ``_halfbits.BF16_HW``) and into a strided one (lane by lane, the integer rounding) equals
+    ``f32_to_bf16_bits_rne`` (tested against ml_dtypes in test_halfbits.py) on ±0 and every
+    kind of normal float32 below the tie that rounds to inf: 2^20 random bit patterns, the
+    ties and the values next to them, and the ends of the normal range, of both signs."""
     from numba import njit
 
     @njit
-    def both(v, hard, soft):
-        for j0 in range(0, v.size, 64):
-            hard3 = hard[j0:j0 + 64].reshape(1, 1, 64)
-            hb.store_lanes(v[j0:j0 + 64], hard3, (0, 0, 0))
-            for lane in range(64):
-                soft[j0 + lane] = hb.f32_to_bf16_bits_rne(v[j0 + lane])
+    def store_all(v2, out3):
+        for q in range(v2.shape[0]):
+            hb.store_lanes(v2[q], out3, (q, 0, 0))
+
+    @njit
+    def one_by_one(v, soft):
+        for j in range(v.size):
+            soft[j] = hb.f32_to_bf16_bits_rne(v[j])
 
     bits = rng.integers(0, 1 << 32, 1 << 20, dtype=np.uint64).astype(np.uint32)
     ties = rng.integers(0x0080, 0x7F7F, 1 << 14, dtype=np.uint32) << 16 | 0x8000
@@ -140,10 +143,13 @@ def test_the_hardware_bfloat16_rounding_equals_the_integer_one_where_the_kernel_
     a = bits & 0x7FFFFFFF
     v = bits[((a >= 0x00800000) & (a < 0x7F7F8000)) | (a == 0)].view(np.float32)
     v = v[: v.size - v.size % 64]
-    hard = np.empty(v.size, np.int16)
     soft = np.empty(v.size, np.int16)
-    both(v, hard, soft)
-    np.testing.assert_array_equal(hard, soft)
+    one_by_one(v, soft)
+    contiguous = np.empty((v.size // 64, 1, 64), np.int16)
+    strided = np.empty((v.size // 64, 1, 128), np.int16)[:, :, ::2]
+    for out3 in (contiguous, strided):
+        store_all(v.reshape(-1, 64), out3)
+        np.testing.assert_array_equal(out3.reshape(-1), soft)
 
 
 def test_the_bfloat16_forward_into_a_strided_out_has_the_same_bits(rng):

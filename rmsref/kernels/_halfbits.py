@@ -583,120 +583,107 @@ BF16_HW = _target_has("avx512bf16") and _BFLOAT is not None
 
 
 @intrinsic
-def _store_bf16_hw(typingctx, lanes, out, idx):
-    """out[idx] and the 63 elements after it on the last axis (which must be contiguous) =
-    the 64 float32 ``lanes`` rounded to bfloat16 bits by ``fptrunc`` (see ``BF16_HW``): four
-    vector conversions and stores."""
+def store_lanes(typingctx, lanes, out, idx):
+    """out[b, i, j0 .. j0 + 63] (``idx`` = (b, i, j0)) = the 64 float32 ``lanes`` (a C array)
+    rounded (RNE) to bfloat16 bits, ``out`` a bfloat16 view. With ``BF16_HW`` and an ``out``
+    whose type says its last axis is contiguous: four vector ``fptrunc`` to ``bfloat`` and
+    stores; else lane by lane, the integer rounding of ``f32_to_bf16_bits_rne``. The two give
+    the same bits where every lane is ±0 or a normal float32 below the tie that rounds to inf;
+    a caller keeps to that (``numba_cpu._y_normal``) or writes the row again. (LLVM IR written
+    here, not Numba code: a helper compiled by Numba costs the kernel's first call about
+    0.1 s, bench/compile.py.)"""
     from llvmlite import ir
     from numba.core import cgutils
+
+    if not (isinstance(out, types.Array) and out.dtype == types.int16 and out.ndim == 3):
+        return None
+    hardware = BF16_HW and out.layout == "C"
 
     def codegen(context, builder, signature, args):
         lty, oty = signature.args[0], signature.args[1]
         src = context.make_array(lty)(context, builder, args[0]).data
         arr = context.make_array(oty)(context, builder, args[1])
-        dst = cgutils.get_item_pointer(context, builder, oty, arr,
-                                       cgutils.unpack_tuple(builder, args[2]))
-        v16f = ir.VectorType(ir.FloatType(), 16)
-        v16b = ir.VectorType(_BFLOAT, 16)
-        v16i = ir.VectorType(ir.IntType(16), 16)
-        for q in range(4):
-            v = builder.load(builder.bitcast(builder.gep(src, [ir.Constant(ir.IntType(64),
-                                                                           16 * q)]),
-                                             v16f.as_pointer()), align=4)
-            h = builder.bitcast(builder.fptrunc(v, v16b), v16i)
-            d = builder.gep(dst, [ir.Constant(ir.IntType(64), 16 * q)])
-            builder.store(h, builder.bitcast(d, v16i.as_pointer()), align=2)
+        b, i, j0 = cgutils.unpack_tuple(builder, args[2])
+        i16, i32, i64 = ir.IntType(16), ir.IntType(32), ir.IntType(64)
+
+        def dst(lane):  # the element pointer of out[b, i, j0 + lane]
+            j = builder.add(j0, ir.Constant(j0.type, lane))
+            return cgutils.get_item_pointer(context, builder, oty, arr, [b, i, j])
+
+        if hardware:
+            v16f = ir.VectorType(ir.FloatType(), 16)
+            v16i = ir.VectorType(i16, 16)
+            for q in range(0, 64, 16):
+                at = builder.bitcast(builder.gep(src, [ir.Constant(i64, q)]), v16f.as_pointer())
+                v = builder.fptrunc(builder.load(at, align=4), ir.VectorType(_BFLOAT, 16))
+                builder.store(builder.bitcast(v, v16i),
+                              builder.bitcast(dst(q), v16i.as_pointer()), align=2)
+        else:
+            for lane in range(64):
+                u = builder.bitcast(builder.load(builder.gep(src, [ir.Constant(i64, lane)])),
+                                    i32)
+                lsb = builder.and_(builder.lshr(u, ir.Constant(i32, 16)), ir.Constant(i32, 1))
+                r = builder.add(builder.add(u, ir.Constant(i32, 0x7FFF)), lsb)
+                builder.store(builder.trunc(builder.lshr(r, ir.Constant(i32, 16)), i16),
+                              dst(lane))
         return context.get_dummy_value()
 
     return types.none(lanes, out, idx), codegen
 
 
-def store_lanes(lanes, out, idx):
-    """out[b, i, j0 .. j0 + 63] (``idx`` = (b, i, j0)) = the 64 float32 ``lanes`` rounded
-    (RNE) to bfloat16 bits, ``out`` a bfloat16 view: in hardware where the CPU has it and
-    out's last axis is contiguous (``BF16_HW``), else by ``f32_to_bf16_bits_rne``. The two
-    give the same bits where every lane is ±0 or a normal float32 below the tie that rounds
-    to inf; a caller keeps to that (``numba_cpu._y_normal``) or writes the row again."""
-    raise NotImplementedError("store_lanes is only callable from Numba-compiled code")
-
-
-@njit(inline="always", nogil=True)
-def _store_lanes_soft(lanes, out, idx):
-    """``store_lanes`` by ``f32_to_bf16_bits_rne``, lane by lane."""
-    b, i, j0 = idx
-    for lane in range(64):
-        out[b, i, j0 + lane] = f32_to_bf16_bits_rne(lanes[lane])
-
-
-@overload(store_lanes, inline="always", jit_options={"nogil": True})
-def _store_lanes_impl(lanes, out, idx):
-    if out.dtype != types.int16:
-        return None
-    if not BF16_HW:
-        return lambda lanes, out, idx: _store_lanes_soft(lanes, out, idx)
-    if out.layout == "C":  # contiguous by its type: no test
-        return lambda lanes, out, idx: _store_bf16_hw(lanes, out, idx)
-
-    def impl(lanes, out, idx):
-        if out.strides[2] == 2:  # contiguous elements: the vector stores
-            _store_bf16_hw(lanes, out, idx)
-        else:
-            _store_lanes_soft(lanes, out, idx)
-
-    return impl
-
-
-@_jit
-def _f32_of_bits(bits):
-    """The float32 whose bits are ``bits`` (0 <= bits < 2^31)."""
-    return np.int32(bits).view(np.float32)
-
-
-def magnitude_key(e):
+@intrinsic
+def magnitude_key(typingctx, e):
     """A key of element ``e`` (half bits or float32) whose maximum over a row gives the row's
     smallest nonzero |x| (``smallest_magnitude``): 0 for ±0, else 2^w − |bits| in w-bit
     unsigned arithmetic (w = 16 or 32), so a smaller magnitude has a larger key (the bits of
-    a nonnegative float order as its value). A max over 16-bit keys is one instruction per 32
-    elements."""
-    raise NotImplementedError("magnitude_key is only callable from Numba-compiled code")
+    a nonnegative float order as its value). A maximum of 16-bit keys is one instruction per
+    32 elements."""
+    from llvmlite import ir
 
-
-def smallest_magnitude(key, x):
-    """The float32 value of the smallest nonzero |x_j| from the maximum ``key`` of
-    ``magnitude_key`` over a row of array ``x``; inf when every x_j is ±0 (key 0)."""
-    raise NotImplementedError("smallest_magnitude is only callable from Numba-compiled code")
-
-
-@overload(magnitude_key, jit_options={"nogil": True})
-def _magnitude_key_impl(e):
     if e in (types.int16, types.uint16):
-        return lambda e: np.uint16(np.int32(0) - (np.int32(e) & np.int32(0x7FFF)))
-    if e == types.float32:
-        return lambda e: np.uint32(
-            np.int32(0) - (np.float32(e).view(np.int32) & np.int32(0x7FFFFFFF)))
-    return None
-
-
-@overload(smallest_magnitude, jit_options={"nogil": True})
-def _smallest_magnitude_impl(key, x):
-    dt = x.dtype
-    if dt == types.int16:
-        decode = bf16_bits_to_f32
-    elif dt == types.uint16:
-        decode = f16_bits_to_f32
-    elif dt == types.float32:
-        decode = _f32_of_bits
+        key, mask = types.uint16, 0x7FFF
+    elif e == types.float32:
+        key, mask = types.uint32, 0x7FFFFFFF
     else:
         return None
-    mask = np.int64(0x7FFF if dt.bitwidth == 16 else 0x7FFFFFFF)
 
-    def impl(key, x):
-        if key == 0:
-            return np.float32(np.inf)
-        bits = (np.int64(0) - np.int64(key)) & mask
-        return np.float32(decode(bits))
+    def codegen(context, builder, signature, args):
+        it = ir.IntType(key.bitwidth)
+        bits = builder.bitcast(args[0], it)
+        return builder.sub(ir.Constant(it, 0), builder.and_(bits, ir.Constant(it, mask)))
 
-    return impl
+    return key(e), codegen
+
+
+@intrinsic
+def smallest_magnitude(typingctx, key, x):
+    """The float32 value of the smallest nonzero |x_j| from the maximum ``key`` of
+    ``magnitude_key`` over a row of array ``x`` (bfloat16 or float16 bits, or float32); inf
+    when every x_j is ±0 (key 0). For float16 the magnitude's bits moved up 13 places, times
+    2^112 (exact: ``f16_bits_to_f32``), so finite values only: a row with an inf or NaN never
+    takes the bound (its rstd leaves the float32 route's range)."""
+    from llvmlite import ir
+
+    fmt = x.dtype if isinstance(x, types.Array) else None
+    if fmt not in (types.int16, types.uint16, types.float32) or key.bitwidth != fmt.bitwidth:
+        return None
+
+    def codegen(context, builder, signature, args):
+        it, i32, f32 = ir.IntType(key.bitwidth), ir.IntType(32), ir.FloatType()
+        mask = 0x7FFF if key.bitwidth == 16 else 0x7FFFFFFF
+        bits = builder.and_(builder.sub(ir.Constant(it, 0), args[0]), ir.Constant(it, mask))
+        if fmt == types.float32:
+            value = builder.bitcast(bits, f32)
+        else:
+            shift = 16 if fmt == types.int16 else 13
+            value = builder.bitcast(builder.shl(builder.zext(bits, i32), ir.Constant(i32, shift)),
+                                    f32)
+            if fmt == types.uint16:
+                value = builder.fmul(value, ir.Constant(f32, 2.0**112))
+        none = builder.icmp_unsigned("==", args[0], ir.Constant(it, 0))
+        return builder.select(none, ir.Constant(f32, float("inf")), value)
+
+    return types.float32(key, x), codegen
 
 
 @overload(from_work, jit_options={"nogil": True})

@@ -129,7 +129,7 @@ Numerical contract
   float16 by the CPU's F16C conversion where Numba's target has it, the integer route
   otherwise), to float64 from there; back by integer RNE on the float32 bits (bfloat16) or
   F16C (float16). The forward's pipelined bfloat16 y rounds 64 float32 values at a time
-  (``_y_block``, ``_halfbits.store_lanes``), in hardware where the CPU has AVX512-BF16, whose
+  (``_y_lanes``, ``_halfbits.store_lanes``), in hardware where the CPU has AVX512-BF16, whose
   rounding is the integer one's only for ±0 and normal values: a bound per row (``_y_normal``:
   the row's smallest nonzero |x| times rstd, and that times the smallest nonzero |w'|) shows
   every y of the row to be one, or sends the row to ``_rms_write``, which tests each element, so
@@ -196,7 +196,6 @@ from rmsref.kernels._halfbits import (
     BF16_BITS,
     F16_BITS,
     F32_BITS_TO_INF,
-    _f32_route,
     _fma,
     add_square,
     as_work,
@@ -285,10 +284,23 @@ def _dot_v1(g3, x3, b, i, w, n, k):
 LANES = 64
 
 
+def _stack_lanes(builder, t):
+    """LANES zeroed values of LLVM type ``t`` on the stack (in the entry block: one array per
+    call site, zeroed wherever the call is), 64-byte aligned so that no vector of them
+    straddles a cache line; a pointer to the first."""
+    from llvmlite import ir
+    from numba.core import cgutils
+
+    lanes_t = ir.ArrayType(t, LANES)
+    lanes = cgutils.alloca_once(builder, lanes_t)
+    lanes.align = CACHE_LINE
+    builder.store(lanes_t(None), lanes)
+    return builder.bitcast(lanes, t.as_pointer())
+
+
 @intrinsic
 def _zero_lanes(typingctx, dtype):
-    """LANES zeros of ``dtype`` (np.float64, np.float32, or an unsigned integer type for
-    ``_key_lanes``) on the stack of the kernel this is
+    """LANES zeros of ``dtype`` (np.float64, np.float32) on the stack of the kernel this is
     inlined into, as a pointer.
 
     ``np.zeros(LANES)`` put the lanes on the heap, and LLVM then kept them there: each 64
@@ -297,20 +309,26 @@ def _zero_lanes(typingctx, dtype):
     is promoted to vector registers once the lane loop is unrolled: the same additions in the
     same order (the same bits), without the memory traffic.
     """
-    from llvmlite import ir
-    from numba.core import cgutils
-
     elem = dtype.dtype  # np.float64 is typed as the class of float64
 
     def codegen(context, builder, signature, args):
-        t = context.get_value_type(elem)
-        lanes_t = ir.ArrayType(t, LANES)
-        lanes = cgutils.alloca_once(builder, lanes_t)  # in the entry block: one per call site
-        lanes.align = CACHE_LINE  # a lane buffer's vectors never straddle a cache line
-        builder.store(lanes_t(None), lanes)  # zeroed wherever the call is
-        return builder.bitcast(lanes, t.as_pointer())
+        return _stack_lanes(builder, context.get_value_type(elem))
 
     return types.CPointer(elem)(dtype), codegen
+
+
+@intrinsic
+def _key_lanes(typingctx, x3):
+    """LANES zero keys (``_halfbits.magnitude_key``: uint16 for 16-bit x3, else uint32) on the
+    stack, as a pointer (indexed like an array): a row's running maxima, as ``_lanes``."""
+    from llvmlite import ir
+
+    key = types.uint16 if x3.dtype.bitwidth == 16 else types.uint32
+
+    def codegen(context, builder, signature, args):
+        return _stack_lanes(builder, ir.IntType(key.bitwidth))
+
+    return types.CPointer(key)(x3), codegen
 
 
 @intrinsic
@@ -637,130 +655,73 @@ def _task_rows_py(m, t0, t1, rows_per_task):
 _task_rows = njit(**_INL)(_task_rows_py)
 
 
-def _lanes_route(x3, y3) -> bool:
-    """Whether the forward's pipelined write of y3 from x3 (Numba types) takes the lanes route
-    (``_y_block``): a bfloat16 y computed in float32."""
-    return y3.dtype == types.int16 and _f32_route(x3.dtype, y3)
-
-
-def _y_block(x3, b, i, j0, ww, y3, rstd_w, check_y, keys):
-    """y_j = (x_j·rstd)·w'_j of row (b, i) for j in [j0, j0 + 64), in the working precision
-    (``rstd_w``, ``ww``). Eqs. (3)-(4). Returns whether one of them needs the float64 route
-    (``_rms_write``): with ``check_y`` (a constant at each call site), an inf or NaN y_j.
-
-    A bfloat16 y (``_lanes_route``) is computed into 64 float32 lanes and rounded by one
-    ``store_lanes`` (in hardware where the CPU has it), and the block's x_j go into ``keys``
-    (``magnitude_key``) for the row's bound ``_y_normal``, in place of a test of each x·rstd
-    for underflow (``lost_in_work``): those tests cost as much as the rounding (in cache,
-    bench/halfrow.py). Other outputs: element by element, each tested."""
-    raise NotImplementedError("_y_block is only callable from Numba-compiled code")
-
-
-@overload(_y_block, inline="always", jit_options={"nogil": True, "error_model": "numpy"})
-def _y_block_impl(x3, b, i, j0, ww, y3, rstd_w, check_y, keys):
-    if not _lanes_route(x3, y3):
-        def each(x3, b, i, j0, ww, y3, rstd_w, check_y, keys):
-            outside = False
-            for lane in range(LANES):
-                j = j0 + lane
-                xj = to_work(x3[b, i, j], y3)
-                xhat = xj * rstd_w
-                yj = xhat * ww[j]  # (3)-(4)
-                y3[b, i, j] = from_work(yj, y3)
-                outside |= (check_y & outside_work(yj, y3)) | lost_in_work(xj, xhat, x3, y3)
-            return outside
-
-        return each
-
-    def lanes(x3, b, i, j0, ww, y3, rstd_w, check_y, keys):
-        y_l = _lanes32()
-        outside = False
-        for lane in range(LANES):
-            j = j0 + lane
-            yj = to_work(x3[b, i, j], y3) * rstd_w * ww[j]  # (3)-(4)
-            y_l[lane] = yj
-            outside |= check_y & outside_work(yj, y3)
-        store_lanes(y_l, y3, (b, i, j0))
-        for lane in range(LANES):  # a loop of its own: 16-bit keys, 32 to an instruction
-            keys[lane] = max(keys[lane], magnitude_key(x3[b, i, j0 + lane]))
-        return outside
-
-    return lanes
-
-
-def _key_lanes(x3):
-    """LANES zero keys (``magnitude_key``) for a row of x3, on the stack (as ``_lanes``)."""
-    raise NotImplementedError("_key_lanes is only callable from Numba-compiled code")
-
-
-@overload(_key_lanes, inline="always", jit_options={"nogil": True})
-def _key_lanes_impl(x3):
-    if x3.dtype.bitwidth == 16:
-        return lambda x3: carray(_zero_lanes(np.uint16), LANES)
-    return lambda x3: carray(_zero_lanes(np.uint32), LANES)
-
-
-def _weight_floor(ww, x3, y3):
-    """The smallest nonzero |w'_j| of the working-precision weight (inf if there is none):
-    ``_y_normal``'s bound, once per call, on the lanes route (else 0, unused)."""
-    raise NotImplementedError("_weight_floor is only callable from Numba-compiled code")
-
-
-@overload(_weight_floor, inline="always", jit_options={"nogil": True})
-def _weight_floor_impl(ww, x3, y3):
-    if not _lanes_route(x3, y3):
-        return lambda ww, x3, y3: np.float32(0.0)
-
-    def impl(ww, x3, y3):
-        key = np.uint32(0)
-        for j in range(ww.shape[0]):  # an integer maximum: vectorised (a float minimum is not)
-            key = max(key, magnitude_key(ww[j]))
-        return smallest_magnitude(key, ww)
-
-    return impl
-
-
 #: float32's smallest normal value, 2^-126.
 TINY32 = np.float32(2.0**-126)
 
 
-def _y_normal(keys, rstd_w, w_floor, x3, y3):
-    """Whether every y_j of a row on the lanes route (``_y_block``) is ±0 or normal, and every
-    x_j·rstd of a nonzero x_j normal: then the hardware rounding of ``store_lanes`` gives the
-    integer rounding's bits, and no x·rstd lost bits to underflow (``lost_in_work``). A
-    bound from the row's smallest nonzero |x_j| (``keys``), m: rounding is monotonic, so
-    |fl(x_j·rstd)| >= fl(m·rstd) for every nonzero x_j, and |y_j| >= fl(fl(m·rstd)·w_floor)
-    where w'_j != 0 (y_j is ±0 exactly where x_j or w'_j is). A row it fails (tiny values
-    beside large ones, or tiny weights) is written again by ``_rms_write``, whose tests are
-    per element, so its bits do not depend on the bound. True off the lanes route."""
-    raise NotImplementedError("_y_normal is only callable from Numba-compiled code")
-
-
-@overload(_y_normal, inline="always", jit_options={"nogil": True})
-def _y_normal_impl(keys, rstd_w, w_floor, x3, y3):
-    if not _lanes_route(x3, y3):
-        return lambda keys, rstd_w, w_floor, x3, y3: True
-
-    def impl(keys, rstd_w, w_floor, x3, y3):
-        key = keys[0]
-        for lane in range(1, LANES):
-            key = max(key, keys[lane])
-        xhat_min = np.float32(smallest_magnitude(key, x3) * rstd_w)
-        return xhat_min >= TINY32 and np.float32(xhat_min * w_floor) >= TINY32
-
-    return impl
+def _weight_floor(w: np.ndarray, x3: np.ndarray, y3: np.ndarray) -> np.float32 | None:
+    """What routes the pipelined forward's y (``_write_and_sumsq``): for a bfloat16 y computed
+    in float32 (x3 a half view or float32), the smallest nonzero |w'_j| in float32 (inf if
+    there is none), the weight's part of the row bound ``_y_normal``; else None, the element
+    by element route. A type, so Numba compiles each kernel with one of the two loops (a
+    branch on a value would compile both: about 0.3 s more for every dtype's first call,
+    bench/compile.py)."""
+    if y3.dtype != BF16_BITS or x3.dtype not in (BF16_BITS, F16_BITS, np.dtype(np.float32)):
+        return None
+    with np.errstate(over="ignore", invalid="ignore"):
+        a = np.abs(w.astype(np.float32))
+    a = a[a != 0]
+    return np.float32(a.min()) if a.size else np.float32(np.inf)
 
 
 @njit(**_INL)
-def _write_and_sumsq(x3, b, i, ww, w_floor, y3, rstd_w, b1, i1, check_y):
-    """Row (b, i)'s y (no bias, unscaled, in the working precision: ``rstd_w``, ``ww``;
-    ``_y_block``) while summing the squares of row (b1, i1) in the 64 lanes of
-    ``_sumsq_v3``, in the same order (so the same bits as ``_sumsq_v3``; v4). Returns (Σx² of
-    row (b1, i1), whether row (b, i) must be written again by ``_rms_write``: a y_j that
-    needs the float64 route, or a row outside ``_y_normal``'s bound, ``w_floor`` from
-    ``_weight_floor``). ``check_y`` (a constant at each call site) False leaves out the test
-    of each y_j for inf and NaN, for calls where ``_y_bounded`` showed that no y_j can be
-    either."""
+def _y_lanes(x3, b, i, j0, ww, y3, rstd_w, check_y, keys):
+    """y_j = (x_j·rstd)·w'_j of row (b, i) for j in [j0, j0 + 64), bfloat16 computed in
+    float32 (``rstd_w``, ``ww``), into 64 float32 lanes rounded by one ``store_lanes`` (in
+    hardware where the CPU has it); the block's x_j go into ``keys`` (``magnitude_key``) for the
+    row's bound ``_y_normal``, in place of a test of each x·rstd for underflow
+    (``lost_in_work``), which cost as much as the rounding (bench/halfrow.py). Eqs. (3)-(4).
+    Returns whether, with ``check_y``, a y_j is inf or NaN."""
+    y_l = carray(_zero_lanes(np.float32), LANES)
+    outside = False
+    for lane in range(LANES):
+        j = j0 + lane
+        yj = to_work(x3[b, i, j], y3) * rstd_w * ww[j]  # (3)-(4)
+        y_l[lane] = yj
+        outside |= check_y & outside_work(yj, y3)
+    store_lanes(y_l, y3, (b, i, j0))
+    for lane in range(LANES):  # a loop of its own: 16-bit keys, 32 to an instruction
+        key = magnitude_key(x3[b, i, j0 + lane])
+        keys[lane] = key if key > keys[lane] else keys[lane]
+    return outside
+
+
+@njit(**_INL)
+def _y_normal(keys, rstd_w, w_floor, x3):
+    """Whether every y_j of a row written by ``_y_lanes`` is ±0 or normal, and every x_j·rstd
+    of a nonzero x_j normal: then ``store_lanes``'s hardware rounding gives the integer
+    rounding's bits, and no x·rstd lost bits to underflow (``lost_in_work``). A bound from the
+    row's smallest nonzero |x_j| (the maximum of ``keys``), m: rounding is monotonic, so
+    |fl(x_j·rstd)| >= fl(m·rstd) for every nonzero x_j, and |y_j| >= fl(fl(m·rstd)·w_floor)
+    where w'_j != 0 (``_weight_floor``; y_j is ±0 exactly where x_j or w'_j is). A row it fails
+    (tiny values beside large ones, or tiny weights) is written again by ``_rms_write``, whose
+    tests are per element, so its bits do not depend on the bound."""
+    key = keys[0]
+    for lane in range(1, LANES):
+        key = keys[lane] if keys[lane] > key else key
+    xhat_min = np.float32(smallest_magnitude(key, x3) * rstd_w)
+    return xhat_min >= TINY32 and np.float32(xhat_min * w_floor) >= TINY32
+
+
+@njit(**_INL)
+def _write_and_sumsq(x3, b, i, ww, y3, rstd_w, b1, i1, check_y, w_floor):
+    """Row (b, i)'s y (no bias, unscaled, in the working precision: ``rstd_w``, ``ww``) while
+    summing the squares of row (b1, i1) in the 64 lanes of ``_sumsq_v3``, in the same order
+    (so the same bits as ``_sumsq_v3``; v4). Returns (Σx² of row (b1, i1), whether row (b, i)
+    must be written again by ``_rms_write``: a y_j that needs the float64 route, or, on the
+    lanes route (``w_floor`` not None: ``_weight_floor``), a row outside ``_y_normal``'s
+    bound). ``check_y`` (a constant at each call site) False leaves out the test of each y_j
+    for inf and NaN, for calls where ``_y_bounded`` showed that no y_j can be either."""
     n = x3.shape[2]
     acc = _lanes()
     keys = _key_lanes(x3)
@@ -769,7 +730,16 @@ def _write_and_sumsq(x3, b, i, ww, w_floor, y3, rstd_w, b1, i1, check_y):
     for j0 in range(0, n64, LANES):  # 64 elements of y, then 64 squares of the next row
         _read_ahead(x3, (b1, i1, j0))
         _write_ahead(y3, (b, i, j0))
-        outside |= _y_block(x3, b, i, j0, ww, y3, rstd_w, check_y, keys)  # (3)-(4)
+        if w_floor is None:  # element by element
+            for lane in range(LANES):
+                j = j0 + lane
+                xj = to_work(x3[b, i, j], y3)
+                xhat = xj * rstd_w
+                yj = xhat * ww[j]  # (3)-(4)
+                y3[b, i, j] = from_work(yj, y3)
+                outside |= (check_y & outside_work(yj, y3)) | lost_in_work(xj, xhat, x3, y3)
+        else:
+            outside |= _y_lanes(x3, b, i, j0, ww, y3, rstd_w, check_y, keys)  # (3)-(4)
         for lane in range(LANES):  # a loop of its own: LLVM then keeps the lanes in registers
             v = to_f64(x3[b1, i1, j0 + lane])
             acc[lane] = add_square(acc[lane], v, x3)  # (1) of the next row
@@ -782,7 +752,8 @@ def _write_and_sumsq(x3, b, i, ww, w_floor, y3, rstd_w, b1, i1, check_y):
         outside |= (check_y & outside_work(yj, y3)) | lost_in_work(xj, xhat, x3, y3)
         v = to_f64(x3[b1, i1, j])
         acc[lane] = add_square(acc[lane], v, x3)
-    outside |= not _y_normal(keys, rstd_w, w_floor, x3, y3)
+    if w_floor is not None:
+        outside |= not _y_normal(keys, rstd_w, w_floor, x3)
     return _lane_tree(acc), outside
 
 
@@ -792,7 +763,6 @@ def _rms_fwd_v4(x3, w, bias, has_bias, kf, eps, y3, rstd_out, t0, t1):
     nr = x3.shape[1]
     m = x3.shape[0] * nr
     ww = work_row(w, x3, y3)  # w' in the working precision of the element-wise step
-    w_floor = _weight_floor(ww, x3, y3)
     fuse = kf == x3.shape[2] and not has_bias  # the common call: rows pipelined
     for blk in range(t0, t1):  # this call's share of the tasks (``_launch``)
         r0 = blk * ROWS_PER_BLOCK
@@ -808,19 +778,18 @@ def _rms_fwd_v4(x3, w, bias, has_bias, kf, eps, y3, rstd_out, t0, t1):
             fused = fuse and k == 0 and r + 1 < r1 and work_in_range(rstd_s, x3, y3)
             if fused:  # write row r while summing row r + 1
                 rstd_w = as_work(rstd_s, x3, y3)
-                ss_next, outside = _write_and_sumsq(x3, b, i, ww, w_floor, y3, rstd_w, b1, i1,
-                                                    True)
-                if outside:  # a rare row: written again by the unpipelined row (has_bias is
-                    # False here, k is 0; passed as variables, so this call shares the other's
-                    # compilation)
-                    _rms_write(x3, b, i, w, ww, bias, has_bias, y3, rstd_s, k)
+                ss_next, outside = _write_and_sumsq(x3, b, i, ww, y3, rstd_w, b1, i1, True,
+                                                    None)  # element by element (rare calls)
+                if outside:  # a rare row: written again in float64 (has_bias is False here,
+                    # k is 0; passed as variables, so this call shares _rms_write's compilation)
+                    _rms_write_general(x3, b, i, w, bias, has_bias, y3, rstd_s, k)
             else:
                 _rms_write(x3, b, i, w, ww, bias, has_bias, y3, rstd_s, k)  # (3)-(4)
             b, i = b1, i1
 
 
 @njit(**_PAR)
-def _rms_fwd_pipelined(x3, w, eps, y3, rstd_out, redo, t0, t1):
+def _rms_fwd_pipelined(x3, w, eps, y3, rstd_out, redo, w_floor, t0, t1):
     """v5's kernel: v4's pipelined loop for the common call only (K = N, no bias), with no
     branch for the other calls. The rows of blocks [t0, t1) are contiguous, so one loop runs
     through all of them: row r's y is written while row r + 1's squares are summed, across
@@ -839,7 +808,6 @@ def _rms_fwd_pipelined(x3, w, eps, y3, rstd_out, redo, t0, t1):
     if r1 <= r0:
         return
     ww = work_row(w, x3, y3)  # w' in the working precision of the element-wise step
-    w_floor = _weight_floor(ww, x3, y3)
     b, i = r0 // nr, r0 % nr  # row r; the next by _row_after
     ss = _sumsq_v3(x3, b, i, n)  # (1) Σx² of the first row, 64 lanes
     for r in range(r0, r1):
@@ -847,8 +815,8 @@ def _rms_fwd_pipelined(x3, w, eps, y3, rstd_out, redo, t0, t1):
         rstd_s, k = _rstd_from_sumsq(ss, x3, b, i, n, eps)  # (2)
         rstd_out[r] = rstd_s if k == 0 else math.ldexp(rstd_s, -k)
         rstd_w = as_work(rstd_s, x3, y3)
-        ss, outside = _write_and_sumsq(x3, b, i, ww, w_floor, y3, rstd_w, b1, i1,
-                                       False)  # (3)-(4), (1)
+        ss, outside = _write_and_sumsq(x3, b, i, ww, y3, rstd_w, b1, i1, False,
+                                       w_floor)  # (3)-(4), (1)
         redo[r] = outside or k != 0 or not work_in_range(rstd_s, x3, y3)
         b, i = b1, i1
 
@@ -900,7 +868,7 @@ def _rms_fwd_v5(x3, w, bias, has_bias, kf, eps, y3, rstd_out, t0, t1):
         m = x3.shape[0] * x3.shape[1]
         r0, r1 = _task_rows_py(m, t0, t1, ROWS_PER_BLOCK)
         redo = np.empty(m, np.bool_)  # only rows [r0, r1) are written and read
-        _rms_fwd_pipelined(x3, w, eps, y3, rstd_out, redo, t0, t1)
+        _rms_fwd_pipelined(x3, w, eps, y3, rstd_out, redo, _weight_floor(w, x3, y3), t0, t1)
         if redo[r0:r1].any():
             _rms_fwd_redo(x3, w, eps, y3, redo, r0, r1)
         return
