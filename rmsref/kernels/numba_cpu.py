@@ -284,16 +284,20 @@ def _dot_v1(g3, x3, b, i, w, n, k):
 LANES = 64
 
 
-def _stack_lanes(builder, t):
+def _stack_lanes(builder, t, aligned):
     """LANES zeroed values of LLVM type ``t`` on the stack (in the entry block: one array per
-    call site, zeroed wherever the call is), 64-byte aligned so that no vector of them
-    straddles a cache line; a pointer to the first."""
+    call site, zeroed wherever the call is); a pointer to the first. ``aligned``: on a 64-byte
+    boundary, so that no vector of them straddles a cache line: for a buffer that a loop
+    stores and loads back, and for the forward's accumulators (the bfloat16 forward at
+    8192x4096 took 5.8-6.0 ms with them unaligned, 4.7-5.0 aligned); aligning the backward's
+    made it a few % slower (a realigned stack frame), so those are not."""
     from llvmlite import ir
     from numba.core import cgutils
 
     lanes_t = ir.ArrayType(t, LANES)
     lanes = cgutils.alloca_once(builder, lanes_t)
-    lanes.align = CACHE_LINE
+    if aligned:
+        lanes.align = CACHE_LINE
     builder.store(lanes_t(None), lanes)
     return builder.bitcast(lanes, t.as_pointer())
 
@@ -311,8 +315,19 @@ def _zero_lanes(typingctx, dtype):
     """
     elem = dtype.dtype  # np.float64 is typed as the class of float64
 
+    def codegen(context, builder, signature, args):  # float32: a buffer (``_lanes32``)
+        return _stack_lanes(builder, context.get_value_type(elem), elem == types.float32)
+
+    return types.CPointer(elem)(dtype), codegen
+
+
+@intrinsic
+def _zero_lanes_aligned(typingctx, dtype):
+    """``_zero_lanes`` on a 64-byte boundary (``_stack_lanes``)."""
+    elem = dtype.dtype
+
     def codegen(context, builder, signature, args):
-        return _stack_lanes(builder, context.get_value_type(elem))
+        return _stack_lanes(builder, context.get_value_type(elem), True)
 
     return types.CPointer(elem)(dtype), codegen
 
@@ -326,7 +341,7 @@ def _key_lanes(typingctx, x3):
     key = types.uint16 if x3.dtype.bitwidth == 16 else types.uint32
 
     def codegen(context, builder, signature, args):
-        return _stack_lanes(builder, ir.IntType(key.bitwidth))
+        return _stack_lanes(builder, ir.IntType(key.bitwidth), False)
 
     return types.CPointer(key)(x3), codegen
 
@@ -439,6 +454,12 @@ def _lanes():
     frame: compiled as a function of its own, it would return a pointer into its own finished
     frame."""
     return carray(_zero_lanes(np.float64), LANES)
+
+
+@njit(**_INL)
+def _lanes_aligned():
+    """``_lanes`` on a 64-byte boundary: the forward's pipelined row (``_write_and_sumsq``)."""
+    return carray(_zero_lanes_aligned(np.float64), LANES)
 
 
 @njit(**_INL)
@@ -682,7 +703,7 @@ def _y_lanes(x3, b, i, j0, ww, y3, rstd_w, check_y, keys):
     row's bound ``_y_normal``, in place of a test of each x·rstd for underflow
     (``lost_in_work``), which cost as much as the rounding (bench/halfrow.py). Eqs. (3)-(4).
     Returns whether, with ``check_y``, a y_j is inf or NaN."""
-    y_l = carray(_zero_lanes(np.float32), LANES)
+    y_l = _lanes32()
     outside = False
     for lane in range(LANES):
         j = j0 + lane
@@ -723,7 +744,7 @@ def _write_and_sumsq(x3, b, i, ww, y3, rstd_w, b1, i1, check_y, w_floor):
     bound). ``check_y`` (a constant at each call site) False leaves out the test of each y_j
     for inf and NaN, for calls where ``_y_bounded`` showed that no y_j can be either."""
     n = x3.shape[2]
-    acc = _lanes()
+    acc = _lanes_aligned()
     keys = _key_lanes(x3)
     outside = False
     n64 = n - n % LANES
