@@ -590,8 +590,8 @@ def store_lanes(typingctx, lanes, out, idx):
     stores; else lane by lane, the integer rounding of ``f32_to_bf16_bits_rne``. The two give
     the same bits where every lane is ±0 or a normal float32 below the tie that rounds to inf;
     a caller keeps to that (``numba_cpu._y_normal``) or writes the row again. (LLVM IR written
-    here, not Numba code: a helper compiled by Numba costs the kernel's first call about
-    0.1 s, bench/compile.py.)"""
+    here, not Numba code: every helper Numba compiles adds to the kernel's first call,
+    bench/compile.py.)"""
     from llvmlite import ir
     from numba.core import cgutils
 

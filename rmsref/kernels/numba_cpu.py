@@ -288,9 +288,9 @@ def _stack_lanes(builder, t, aligned):
     """LANES zeroed values of LLVM type ``t`` on the stack (in the entry block: one array per
     call site, zeroed wherever the call is); a pointer to the first. ``aligned``: on a 64-byte
     boundary, so that no vector of them straddles a cache line: for a buffer that a loop
-    stores and loads back, and for the forward's accumulators (the bfloat16 forward at
-    8192x4096 took 5.8-6.0 ms with them unaligned, 4.7-5.0 aligned); aligning the backward's
-    made it a few % slower (a realigned stack frame), so those are not."""
+    stores and loads back, and for the forward's accumulators (the bfloat16 forward ran
+    markedly slower with them unaligned); aligning the backward's made it slower (a realigned
+    stack frame), so those are not (bench/results/cpu-summary.md)."""
     from llvmlite import ir
     from numba.core import cgutils
 
@@ -685,7 +685,7 @@ def _weight_floor(w: np.ndarray, x3: np.ndarray, y3: np.ndarray) -> np.float32 |
     in float32 (x3 a half view or float32), the smallest nonzero |w'_j| in float32 (inf if
     there is none), the weight's part of the row bound ``_y_normal``; else None, the element
     by element route. A type, so Numba compiles each kernel with one of the two loops (a
-    branch on a value would compile both: about 0.3 s more for every dtype's first call,
+    branch on a value would compile both into every dtype's kernel: slower first calls,
     bench/compile.py)."""
     if y3.dtype != BF16_BITS or x3.dtype not in (BF16_BITS, F16_BITS, np.dtype(np.float32)):
         return None
