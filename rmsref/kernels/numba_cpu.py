@@ -422,7 +422,7 @@ _prefetch_write = _prefetcher(write=True)
 def _block_bytes(a):
     """The bytes of a 64-element block of array ``a``, as a constant of the compiled code
     (``a.itemsize`` is read from the array at run time, which left the prefetch loops below
-    as loops with a trip count to test, not the one to eight requests they are)."""
+    as loops with a trip count to test, not the two to eight requests they are)."""
     raise NotImplementedError("_block_bytes is only callable from Numba-compiled code")
 
 
@@ -821,7 +821,9 @@ def _rms_fwd_pipelined(x3, w, eps, y3, rstd_out, redo, w_floor, t0, t1):
     ``_write_and_sumsq`` could not round; its y are not tested for inf and NaN, which the
     weight rules out: ``_y_bounded``) and written again afterwards by ``_rms_fwd_redo``
     (``_rms_fwd_v5`` calls both); the loop's y for it is discarded. The rare paths' code then
-    stays out of this kernel, whose first call compiles faster (bench/compile.py)."""
+    stays out of this kernel, whose first call compiles faster (bench/compile.py).
+    ``w_floor`` (``_weight_floor``): None, or the weight's part of the bound that lets a
+    bfloat16 y take the lanes route (``_y_lanes``; a row outside it is flagged too)."""
     _wide_vectors_for(x3)
     nr = x3.shape[1]
     n = x3.shape[2]
