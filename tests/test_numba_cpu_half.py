@@ -116,12 +116,13 @@ def test_the_forward_bound_sends_a_lost_x_rstd_to_float64_whatever_the_weights(x
     np.testing.assert_array_equal(y.view(np.uint16), want.view(np.uint16))
 
 
+@pytest.mark.skipif(not hb.BF16_HW, reason="the CPU Numba compiles for has no AVX512-BF16: "
+                    "the kernels keep the element-by-element bfloat16 rounding")
 def test_the_hardware_bfloat16_rounding_equals_the_integer_one_where_the_kernel_uses_it(rng):
-    """``store_lanes`` into a C-contiguous out (``vcvtneps2bf16`` where the CPU has it:
-    ``_halfbits.BF16_HW``) and into a strided one (lane by lane, the integer rounding) equals
-    ``f32_to_bf16_bits_rne`` (tested against ml_dtypes in test_halfbits.py) on ±0 and every
-    kind of normal float32 below the tie that rounds to inf: 2^20 random bit patterns, the
-    ties and the values next to them, and the ends of the normal range, of both signs."""
+    """``store_lanes`` (``vcvtneps2bf16``) equals ``f32_to_bf16_bits_rne`` (tested against
+    ml_dtypes in test_halfbits.py) on ±0 and every kind of normal float32 below the tie that
+    rounds to inf: 2^20 random bit patterns, the ties and the values next to them, and the
+    ends of the normal range, of both signs."""
     from numba import njit
 
     @njit
@@ -145,17 +146,36 @@ def test_the_hardware_bfloat16_rounding_equals_the_integer_one_where_the_kernel_
     v = v[: v.size - v.size % 64]
     soft = np.empty(v.size, np.int16)
     one_by_one(v, soft)
-    contiguous = np.empty((v.size // 64, 1, 64), np.int16)
-    strided = np.empty((v.size // 64, 1, 128), np.int16)[:, :, ::2]
-    for out3 in (contiguous, strided):
-        store_all(v.reshape(-1, 64), out3)
-        np.testing.assert_array_equal(out3.reshape(-1), soft)
+    hard = np.empty((v.size // 64, 1, 64), np.int16)
+    store_all(v.reshape(-1, 64), hard)
+    np.testing.assert_array_equal(hard.reshape(-1), soft)
+
+
+def test_the_forward_routes_a_bfloat16_y_by_the_cpu_and_the_layout(rng):
+    """``_weight_floor`` picks the lanes route (a float32: the smallest nonzero |w'|) only for
+    a bfloat16 y computed in float32, into a C-contiguous output, on a CPU with AVX512-BF16;
+    every other call gets None (the element-by-element loop)."""
+    w = np.array([0.0, -0.5, 3.0, 2.0**-130])
+    x3 = K._bits(np.zeros((1, 2, 4), BF16))
+    y3 = K._bits(np.zeros((1, 2, 4), BF16))
+    strided = K._bits(np.zeros((1, 2, 8), BF16))[:, :, ::2]
+    f16 = K._bits(np.zeros((1, 2, 4), np.float16))
+    floor = K._weight_floor(w, x3, y3)
+    if hb.BF16_HW:
+        assert floor == np.float32(2.0**-130) and floor.dtype == np.float32
+        assert K._weight_floor(np.zeros(4), x3, y3) == np.inf
+        assert K._weight_floor(w, np.zeros((1, 2, 4), np.float32), y3) is not None
+    else:
+        assert floor is None
+    for x, y in ((x3, strided), (f16, f16), (x3, np.zeros((1, 2, 4), np.float32)),
+                 (np.zeros((1, 2, 4)), y3)):
+        assert K._weight_floor(w, x, y) is None
 
 
 def test_the_bfloat16_forward_into_a_strided_out_has_the_same_bits(rng):
-    """The pipelined forward's block store writes 64 contiguous elements in hardware; an
-    ``out`` whose rows are strided takes the lane-by-lane store instead, with the same bits
-    (64 rows of 200: three blocks and a tail)."""
+    """The pipelined forward's block store writes 64 contiguous elements (in hardware, where
+    the CPU can); an ``out`` whose rows are strided takes the element-by-element loop
+    instead, with the same bits (64 rows of 200: three blocks and a tail)."""
     x = rng.standard_normal((64, 200)).astype(BF16)
     w = rng.standard_normal(200).astype(BF16)
     y, _ = K.rms_norm_forward(x, 200, w)

@@ -22,8 +22,8 @@ Conversions:
   Numba's target has it: the same values, a few times fewer instructions than the integer
   route, which stays for other targets and for ``decode_to_f32`` (payloads bit for bit).
 - float32 -> half rounds to nearest, ties to even (RNE). Overflow gives +-inf, tiny values give
-  subnormals or +-0. ``store_lanes`` rounds 64 float32 values to bfloat16 at once, by the CPU's
-  instruction where it has one (x86 AVX512-BF16: ``BF16_HW``), which takes a subnormal as
+  subnormals or +-0. ``store_lanes`` rounds 64 float32 values to bfloat16 at once by the CPU's
+  instruction, where it has one (x86 AVX512-BF16: ``BF16_HW``), which takes a subnormal as
   zero: its caller keeps to ±0 and normal values (``numba_cpu._y_normal``).
   NaN: float16 keeps the top 10 payload bits (0x7c01 if they are all zero),
   as NumPy does; bfloat16 gives the canonical quiet NaN with the input's sign, as ml_dtypes does.
@@ -585,47 +585,36 @@ BF16_HW = _target_has("avx512bf16") and _BFLOAT is not None
 @intrinsic
 def store_lanes(typingctx, lanes, out, idx):
     """out[b, i, j0 .. j0 + 63] (``idx`` = (b, i, j0)) = the 64 float32 ``lanes`` (a C array)
-    rounded (RNE) to bfloat16 bits, ``out`` a bfloat16 view. With ``BF16_HW`` and an ``out``
-    whose type says its last axis is contiguous: four vector ``fptrunc`` to ``bfloat`` and
-    stores; else lane by lane, the integer rounding of ``f32_to_bf16_bits_rne``. The two give
-    the same bits where every lane is ±0 or a normal float32 below the tie that rounds to inf;
-    a caller keeps to that (``numba_cpu._y_normal``) or writes the row again. (LLVM IR written
-    here, not Numba code: every helper Numba compiles adds to the kernel's first call,
-    bench/compile.py.)"""
+    rounded (RNE) to bfloat16 bits by the CPU (``BF16_HW``), ``out`` a C-contiguous bfloat16
+    view: four vector ``fptrunc`` to ``bfloat`` and stores. The same bits as
+    ``f32_to_bf16_bits_rne`` where every lane is ±0 or a normal float32 below the tie that
+    rounds to inf; a caller keeps to that (``numba_cpu._y_normal``) or writes the row again.
+    No such function on other CPUs or layouts (a typing error): a lane-by-lane integer
+    rounding here was twice as slow as the kernels' element loop, which LLVM vectorises.
+    (LLVM IR written here, not Numba code: every helper Numba compiles adds to the kernel's
+    first call, bench/compile.py.)"""
     from llvmlite import ir
     from numba.core import cgutils
 
-    if not (isinstance(out, types.Array) and out.dtype == types.int16 and out.ndim == 3):
+    if not (BF16_HW and isinstance(out, types.Array) and out.dtype == types.int16
+            and out.ndim == 3 and out.layout == "C"):
         return None
-    hardware = BF16_HW and out.layout == "C"
 
     def codegen(context, builder, signature, args):
         lty, oty = signature.args[0], signature.args[1]
         src = context.make_array(lty)(context, builder, args[0]).data
         arr = context.make_array(oty)(context, builder, args[1])
         b, i, j0 = cgutils.unpack_tuple(builder, args[2])
-        i16, i32, i64 = ir.IntType(16), ir.IntType(32), ir.IntType(64)
-
-        def dst(lane):  # the element pointer of out[b, i, j0 + lane]
-            j = builder.add(j0, ir.Constant(j0.type, lane))
-            return cgutils.get_item_pointer(context, builder, oty, arr, [b, i, j])
-
-        if hardware:
-            v16f = ir.VectorType(ir.FloatType(), 16)
-            v16i = ir.VectorType(i16, 16)
-            for q in range(0, 64, 16):
-                at = builder.bitcast(builder.gep(src, [ir.Constant(i64, q)]), v16f.as_pointer())
-                v = builder.fptrunc(builder.load(at, align=4), ir.VectorType(_BFLOAT, 16))
-                builder.store(builder.bitcast(v, v16i),
-                              builder.bitcast(dst(q), v16i.as_pointer()), align=2)
-        else:
-            for lane in range(64):
-                u = builder.bitcast(builder.load(builder.gep(src, [ir.Constant(i64, lane)])),
-                                    i32)
-                lsb = builder.and_(builder.lshr(u, ir.Constant(i32, 16)), ir.Constant(i32, 1))
-                r = builder.add(builder.add(u, ir.Constant(i32, 0x7FFF)), lsb)
-                builder.store(builder.trunc(builder.lshr(r, ir.Constant(i32, 16)), i16),
-                              dst(lane))
+        i16, i64 = ir.IntType(16), ir.IntType(64)
+        v16f = ir.VectorType(ir.FloatType(), 16)
+        v16i = ir.VectorType(i16, 16)
+        for q in range(0, 64, 16):
+            at = builder.bitcast(builder.gep(src, [ir.Constant(i64, q)]), v16f.as_pointer())
+            v = builder.fptrunc(builder.load(at, align=4), ir.VectorType(_BFLOAT, 16))
+            j = builder.add(j0, ir.Constant(j0.type, q))
+            dst = cgutils.get_item_pointer(context, builder, oty, arr, [b, i, j])
+            builder.store(builder.bitcast(v, v16i), builder.bitcast(dst, v16i.as_pointer()),
+                          align=2)
         return context.get_dummy_value()
 
     return types.none(lanes, out, idx), codegen

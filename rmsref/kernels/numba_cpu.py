@@ -128,16 +128,17 @@ Numerical contract
   converted per element in registers (``_halfbits``): to float32 exactly (bfloat16 by a shift,
   float16 by the CPU's F16C conversion where Numba's target has it, the integer route
   otherwise), to float64 from there; back by integer RNE on the float32 bits (bfloat16) or
-  F16C (float16). The forward's pipelined bfloat16 y rounds 64 float32 values at a time
-  (``_y_lanes``, ``_halfbits.store_lanes``), in hardware where the CPU has AVX512-BF16, whose
-  rounding is the integer one's only for ±0 and normal values: a bound per row (``_y_normal``:
-  the row's smallest nonzero |x| times rstd, and that times the smallest nonzero |w'|) shows
-  every y of the row to be one, or sends the row to ``_rms_write``, which tests each element, so
-  no bit depends on the CPU or on the bound; the same bound replaces the per-element test of
-  x·rstd for underflow in that loop. ``_halfbits.to_work``/``from_work``/``outside_work``
-  choose the working precision per output type, so one kernel source serves every dtype, and
-  flag the rows to write again (``_rms_write_general``, ``_bwd_dx_exact``, ``_ln_write_exact``,
-  ``_ln_dx_exact``, ``_add_write_scaled_row``). The fused residual add's y is rounded through
+  F16C (float16). Where the CPU has AVX512-BF16, the forward's pipelined bfloat16 y (into a
+  contiguous output) rounds 64 float32 values at a time in hardware (``_y_lanes``,
+  ``_halfbits.store_lanes``), whose rounding is the integer one's only for ±0 and normal
+  values: a bound per row (``_y_normal``: the row's smallest nonzero |x| times rstd, and that
+  times the smallest nonzero |w'|) shows every y of the row to be one, or sends the row to
+  ``_rms_write``, which tests each element, so no bit depends on the CPU or on the bound; the
+  same bound replaces the per-element test of x·rstd for underflow in that loop.
+  ``_halfbits.to_work``/``from_work``/``outside_work`` choose the working precision per output
+  type, so one kernel source serves every dtype, and flag the rows to write again
+  (``_rms_write_general``, ``_bwd_dx_exact``, ``_ln_write_exact``, ``_ln_dx_exact``,
+  ``_add_write_scaled_row``). The fused residual add's y is rounded through
   float32 too, and so is its new residual (h = x + residual) when x, the residual and the new
   residual share a half format (``sum_to``: the same bits as one rounding, a theorem), else
   it is rounded once from float64.
@@ -194,6 +195,7 @@ from rmsref._shapes import (
 )
 from rmsref.kernels._halfbits import (
     BF16_BITS,
+    BF16_HW,
     F16_BITS,
     F32_BITS_TO_INF,
     _fma,
@@ -682,12 +684,14 @@ TINY32 = np.float32(2.0**-126)
 
 def _weight_floor(w: np.ndarray, x3: np.ndarray, y3: np.ndarray) -> np.float32 | None:
     """What routes the pipelined forward's y (``_write_and_sumsq``): for a bfloat16 y computed
-    in float32 (x3 a half view or float32), the smallest nonzero |w'_j| in float32 (inf if
-    there is none), the weight's part of the row bound ``_y_normal``; else None, the element
-    by element route. A type, so Numba compiles each kernel with one of the two loops (a
-    branch on a value would compile both into every dtype's kernel: slower first calls,
+    in float32 (x3 a half view or float32) into a C-contiguous y3 on a CPU that rounds to
+    bfloat16 in hardware (``_halfbits.BF16_HW``), the smallest nonzero |w'_j| in float32 (inf
+    if there is none), the weight's part of the row bound ``_y_normal``; else None, the
+    element by element route. A type, so Numba compiles each kernel with one of the two loops
+    (a branch on a value would compile both into every dtype's kernel: slower first calls,
     bench/compile.py)."""
-    if y3.dtype != BF16_BITS or x3.dtype not in (BF16_BITS, F16_BITS, np.dtype(np.float32)):
+    if not (BF16_HW and y3.dtype == BF16_BITS and y3.flags.c_contiguous
+            and x3.dtype in (BF16_BITS, F16_BITS, np.dtype(np.float32))):
         return None
     with np.errstate(over="ignore", invalid="ignore"):
         a = np.abs(w.astype(np.float32))
@@ -698,11 +702,11 @@ def _weight_floor(w: np.ndarray, x3: np.ndarray, y3: np.ndarray) -> np.float32 |
 @njit(**_INL)
 def _y_lanes(x3, b, i, j0, ww, y3, rstd_w, check_y, keys):
     """y_j = (x_j·rstd)·w'_j of row (b, i) for j in [j0, j0 + 64), bfloat16 computed in
-    float32 (``rstd_w``, ``ww``), into 64 float32 lanes rounded by one ``store_lanes`` (in
-    hardware where the CPU has it); the block's x_j go into ``keys`` (``magnitude_key``) for the
-    row's bound ``_y_normal``, in place of a test of each x·rstd for underflow
-    (``lost_in_work``), which cost as much as the rounding (bench/halfrow.py). Eqs. (3)-(4).
-    Returns whether, with ``check_y``, a y_j is inf or NaN."""
+    float32 (``rstd_w``, ``ww``), into 64 float32 lanes rounded in hardware by one
+    ``store_lanes``; the block's x_j go into ``keys`` (``magnitude_key``) for the row's bound
+    ``_y_normal``, in place of a test of each x·rstd for underflow (``lost_in_work``), which
+    cost as much as the rounding (bench/halfrow.py). Eqs. (3)-(4). Returns whether, with
+    ``check_y``, a y_j is inf or NaN."""
     y_l = _lanes32()
     outside = False
     for lane in range(LANES):
