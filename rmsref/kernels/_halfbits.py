@@ -574,11 +574,11 @@ def _bfloat_type():
 
 _BFLOAT = _bfloat_type()
 
-#: Whether ``store_lanes`` rounds float32 to bfloat16 in hardware: LLVM's ``fptrunc`` to
-#: ``bfloat`` on a vector of 16, which x86 with AVX512-BF16 does in one ``vcvtneps2bf16``
-#: (RNE, as ``f32_to_bf16_bits_rne``, but it takes a subnormal input as zero and gives zero
-#: for a subnormal result). LLVM vectorises no loop of scalar bfloat conversions, hence the
-#: explicit vector.
+#: Whether the CPU Numba compiles for rounds float32 to bfloat16 in hardware, which
+#: ``store_lanes`` needs: LLVM's ``fptrunc`` to ``bfloat`` on a vector of 16, which x86 with
+#: AVX512-BF16 does in one ``vcvtneps2bf16`` (RNE, as ``f32_to_bf16_bits_rne``, but it takes a
+#: subnormal input as zero and gives zero for a subnormal result). LLVM vectorises no loop of
+#: scalar bfloat conversions, hence the explicit vector.
 BF16_HW = _target_has("avx512bf16") and _BFLOAT is not None
 
 
