@@ -12,7 +12,9 @@ this script takes the memory out (two rows of x and dy, a weight row and an outp
 - encode exact: y_j = round(x_j·rstd·w_j) written with ``from_f64`` (exact for any value: the
   float16 write, and the bfloat16 rows that the fast route hands back).
 - fwd row: the forward's pipelined row (``_write_and_sumsq``): write row r, sum row r + 1, in
-  the working precision (float32 for half types: ``_halfbits.to_work``).
+  the working precision (float32 for half types: ``_halfbits.to_work``), on the route the
+  library takes (for bfloat16 on a CPU with AVX512-BF16, the lanes route:
+  ``numba_cpu._weight_floor``).
 - write row: the forward's unpipelined write (``_rms_write``), which half rows take.
 - bwd row: the backward's pipelined row on the route the library takes for the dtype
   (``_bwd_row_and_dot``; for float16 with a float16 weight, the float32 dx of
