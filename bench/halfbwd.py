@@ -8,14 +8,16 @@ The default backward's row (``numba_cpu._bwd_row_and_dot``) writes row r's dx an
 while summing row r + 1's Σ dxhat·x, all in float64; a half dx is rounded to float32 and then
 to the half type. ``bench/halfrow.py`` times that row whole; here it is rebuilt from its steps,
 and each variant leaves a step out or does it in float32, timed as ``halfrow`` times it (one
-thread, two rows in cache, ns per element, the minimum over interleaved rounds). float16 calls
+thread, two rows in cache, ns per element, the minimum over interleaved rounds). Half calls
 whose weight allows it now take the compensated float32 dx below instead
-(``numba_cpu._bwd_row_and_dot_f32``: the "+ dweight loop" row, bit for bit); bfloat16 keeps
-the float64 row.
+(``numba_cpu._bwd_row_and_dot_f32``: for float16 the "+ dweight loop" row, bit for bit; for
+bfloat16 that row with the scaling and the row bound described there); other calls keep the
+float64 row.
 
-- shipped: the kernel's own row helper (the float64 dx route).
-- shipped float32 dx: the kernel's float32 dx route (``_bwd_row_and_dot_f32``), which
-  float16 takes; timed on bfloat16 rows too, for comparison.
+- shipped: the kernel's float64 dx row (the route of calls whose weight does not allow the
+  float32 one).
+- shipped float32 dx: the kernel's float32 dx route (``_bwd_row_and_dot_f32``), which both
+  half types take with a weight of their format.
 - as rebuilt: every step, as the kernel writes it. It should read as "shipped" (and
   ``tests/test_bench_cpu.py`` checks that it gives the same bits), so that the other rows
   differ from the kernel only where they say.
@@ -35,8 +37,9 @@ the float64 row.
 - + dweight loop: float16's shipped float32 row. The dweight terms from the block's float32
   g·x kept in a 64-element buffer, in a float64 loop of their own (float64 work in the float32
   loop made LLVM use half-width vectors for all of it), and the next row's sum as the float64
-  route sums it. A bfloat16 row would also need tests for a difference or a g·x below
-  float32's normal range (``numba_cpu._f32_weight``), which this row leaves out.
+  route sums it. The shipped bfloat16 row also scales the difference by a power of two near
+  rstd (``numba_cpu._dx_scale``) and keeps the keys of the row's bound on g·x
+  (``_gx_exact``), which this row leaves out.
 - + float32 sum: that, with the next row's (g·w)·x in float32 (exact for bfloat16 where
   nothing underflows: 8 + 8 + 8 bits; not what the kernel does).
 
@@ -175,8 +178,8 @@ def _timed(row):
                 s, outside = K._bwd_row_and_dot(g3, x3, 0, 0, w, rstd, 0.01, dx3, parts, 0, 0,
                                                 1)
             elif row == "f32":
-                s, outside = K._bwd_row_and_dot_f32(g3, x3, 0, 0, w, w32, rstd, 0.01, dx3, parts,
-                                                    0, 0, 1)
+                s, outside, _ = K._bwd_row_and_dot_f32(g3, x3, 0, 0, w, w32, rstd, 0.01, dx3,
+                                                       parts, 0, 0, 1)
             else:
                 s, outside = row(g3, x3, 0, 0, w, w32, rstd, 0.01, dx3, parts, dw32, 0, 0, 1,
                                  cancel)

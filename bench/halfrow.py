@@ -93,8 +93,9 @@ def _kernels():
                 t += K._bwd_row_and_dot(g3, x3, 0, 0, w, 1.0 + rep * 1e-9, 0.01, dx3, parts,
                                         0, 0, 1)[0]
             else:
-                t += K._bwd_row_and_dot_f32(g3, x3, 0, 0, w, w32, 1.0 + rep * 1e-9, 0.01, dx3,
-                                            parts, 0, 0, 1)[0]
+                s, outside, lost = K._bwd_row_and_dot_f32(g3, x3, 0, 0, w, w32, 1.0 + rep * 1e-9,
+                                                          0.01, dx3, parts, 0, 0, 1)
+                t += s + outside + lost  # every result used: an unused flag's work is left out
         return t
 
     @njit(**opts)
@@ -133,9 +134,10 @@ def _kernel_loops():
             K._rms_fwd_pipelined(x3, w, 1e-6, y3, rstd_out, redo, w_floor, 0, blocks)
 
     @njit(**opts)
-    def bwd(g3, x3, w, w32, rstd, dx3, parts, redo, reps):
+    def bwd(g3, x3, w, w32, rstd, dx3, parts, redo, redo_dw, reps):
         for _ in range(reps):
-            K._rms_bwd_pipelined(g3, x3, w, w32, rstd, dx3, parts, redo, 0, parts.shape[0])
+            K._rms_bwd_pipelined(g3, x3, w, w32, rstd, dx3, parts, redo, redo_dw, 0,
+                                 parts.shape[0])
 
     return fwd, bwd
 
@@ -165,9 +167,10 @@ def in_cache(dtype: np.dtype, n: int, reps: int, rounds: int) -> dict[str, float
     rstd = 1.0 / np.sqrt(np.mean(np.square(x.astype(np.float64)), axis=1) + 1e-6)
     parts = np.empty((-(-rows // K.ROWS_PER_PART), n))
     redo = np.empty(rows, np.bool_)  # rows the kernel would have written again (none here)
+    redo_dw = np.empty(parts.shape[0], np.bool_)  # parts whose dweight it would sum again
     calls = {
         "fwd kernel": lambda r: fwd(x3, w, out3, rstd_out, redo, w_floor, r),
-        "bwd kernel": lambda r: bwd(g3, x3, w, w32, rstd, out3, parts, redo, r),
+        "bwd kernel": lambda r: bwd(g3, x3, w, w32, rstd, out3, parts, redo, redo_dw, r),
     }
     for call in calls.values():
         call(1)  # compile

@@ -37,12 +37,13 @@ def _kernels(n: int, rows: int) -> dict:
     out3, parts, no_db = np.empty_like(x3), np.empty((1, n)), np.empty((1, 0))
     rstd_out = np.empty(rows)
     redo = np.empty(rows, np.bool_)  # rows to write again (none in these)
+    redo_dw = np.empty(1, np.bool_)  # parts whose dweight to sum again (none: float32)
     blocks = -(-rows // K.ROWS_PER_BLOCK)
     return {
         "LayerNorm bwd": (lambda: K._ln_bwd_pipelined(dy3, x3, w, mean, rstd, out3, False, parts,
                                                        no_db, redo, 0, 1), (out3, parts)),
         "RMSNorm bwd": (lambda: K._rms_bwd_pipelined(dy3, x3, w, None, rstd, out3, parts,
-                                                     redo, 0, 1), (out3, parts)),
+                                                     redo, redo_dw, 0, 1), (out3, parts)),
         "LayerNorm fwd": (lambda: K._ln_fwd(x3, w, w, 1e-5, out3, rstd_out, rstd_out, redo, 0,
                                             blocks), (out3, rstd_out)),
         "RMSNorm fwd": (lambda: K._rms_fwd_pipelined(x3, w, 1e-6, out3, rstd_out, redo,

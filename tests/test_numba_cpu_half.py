@@ -2,9 +2,9 @@
 and how often half outputs equal the oracle's bit for bit, on every bit pattern.
 
 The contract (rmsref.kernels.numba_cpu, "Numerical contract"): RMSNorm's y is computed in
-float32 arithmetic, fl(fl(x·fl(rstd))·fl(w')), then rounded to the half type; float16 RMSNorm
-dx, with a weight of few enough bits, in compensated float32 arithmetic; LayerNorm's dx and y,
-and every other RMSNorm dx, in float64, as for every other dtype, rounded to the half type
+float32 arithmetic, fl(fl(x·fl(rstd))·fl(w')), then rounded to the half type; RMSNorm dx, with
+a weight of few enough bits, in compensated float32 arithmetic; LayerNorm's dx and y, and every
+other RMSNorm dx, in float64, as for every other dtype, rounded to the half type
 through float32; a row with an output that rounds to inf or is NaN (or, for y, an rstd outside
 [2^-100, 2^100], or an x·rstd of a nonzero x below float32's normal range) is computed in
 float64 and rounded once. So >= 99.9 % of the elements equal the oracle's float64 value
@@ -271,11 +271,12 @@ def test_pipelined_backward_equals_exact_path(rng, dtype):
     """dx of the pipelined backward (saved rstd, a weight, no bias) equals, bit for bit, dx of
     the path that also returns dbias (v3: the same operations, one row at a time), and so do
     dweight's bits, with rows whose dx is subnormal, overflows (|dy| a quarter of the largest
-    value, times weights up to ~12) or is NaN among ordinary rows. float16 takes the float32
-    dx route in both (``_f32_weight``: a weight of float16 values), bfloat16 the float64 one.
-    N = 200: three 64-element blocks and a tail of 8, which the pipelined row writes in a loop
-    of its own."""
-    m, n = 150, 200
+    value, times weights up to ~12) or is NaN among ordinary rows. Both take the float32 dx
+    route in both kernels (``_f32_weight``: a weight in the half format); for bfloat16 those
+    rows also put their parts' dweight outside ``_gx_exact``'s bound, so the pipelined kernel
+    sums those parts again. N = 192: three 64-element blocks (the float32 route's pipelined
+    row has no tail loop: other lengths take v3, ``_rms_bwd_v6``)."""
+    m, n = 150, 192
     big, tiny = float(ml_dtypes.finfo(dtype).max) / 4, float(ml_dtypes.finfo(dtype).tiny)
     x = rng.standard_normal((m, n)).astype(dtype)
     dy = rng.standard_normal((m, n))
@@ -285,7 +286,7 @@ def test_pipelined_backward_equals_exact_path(rng, dtype):
     dy = dy.astype(dtype)
     w = (rng.standard_normal(n) * 4).astype(dtype)
     route = K._f32_weight(K._bits(dy), K._bits(x), K._bits(x), w.astype(np.float64))
-    assert (route is not None) == (dtype == np.float16)
+    assert route is not None
     _, rstd = K.rms_norm_forward(x, n, w)
     fast = K.rms_norm_backward(dy, x, n, w, rstd=rstd)
     exact = K.rms_norm_backward(dy, x, n, w, rstd=rstd, bias=w)
@@ -294,7 +295,7 @@ def test_pipelined_backward_equals_exact_path(rng, dtype):
     assert bad.size == 0, f"{len(bad)} dx elements differ, first at {tuple(bad[0])}"
     np.testing.assert_array_equal(fast.dweight.view(np.uint16), exact.dweight.view(np.uint16))
     # the same weight values in float32: dweight comes out in float32, where a term's last
-    # bits are not rounded away (and float16 still takes the float32 dx route)
+    # bits are not rounded away (and dx still takes the float32 route)
     w32 = w.astype(np.float32)
     fast32 = K.rms_norm_backward(dy, x, n, w32, rstd=rstd)
     exact32 = K.rms_norm_backward(dy, x, n, w32, rstd=rstd, bias=w32)
@@ -304,33 +305,56 @@ def test_pipelined_backward_equals_exact_path(rng, dtype):
     dx = fast.dx.astype(np.float32)
     assert np.isnan(dx[100]).all() and np.isinf(dx[70]).any()
     assert ((dx[5] != 0) & (np.abs(dx[5]) < tiny)).any()
+    # a row length that is not a multiple of 64 (ordinary rows): v3's bits, every element
+    x, dy = (rng.standard_normal((m, 200)).astype(dtype) for _ in range(2))
+    w = (rng.standard_normal(200) * 4).astype(dtype)
+    _, rstd = K.rms_norm_forward(x, 200, w)
+    fast = K.rms_norm_backward(dy, x, 200, w, rstd=rstd)
+    exact = K.rms_norm_backward(dy, x, 200, w, rstd=rstd, bias=w)
+    np.testing.assert_array_equal(fast.dx.view(np.uint16), exact.dx.view(np.uint16))
 
 
-def test_the_float32_dx_route_is_taken_only_where_it_is_exact():
-    """``_f32_weight``: float16 dy, x and dx with a weight of at most 13 significant bits
-    within 2^+-100 (a float16 weight, 0 included) take the float32 dx; a weight with one bit
-    more, one outside the range, inf or NaN, a float32 dy, bfloat16 and float32 rows do not.
-    ``_f32_dx_row``: a row whose rstd or |rstd·c| leaves 2^+-100 (0 and NaN included) does
-    not."""
+@pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float16)], ids=["bfloat16", "float16"])
+def test_the_float32_dx_route_is_taken_only_where_it_is_exact(dtype):
+    """``_f32_weight``: dy, x and dx of one half format with a weight of at most 13
+    significant bits (float16; bfloat16: 16) within 2^+-100 (a weight of that format, 0
+    included) take the float32 dx; a weight with one bit more, one outside the range, inf or
+    NaN, mixed formats and float32 rows do not. ``_f32_dx_row``: a row whose rstd or scaled
+    |rstd·c| leaves 2^+-100 (0 and NaN included) does not."""
     n = 8
-    h = K._bits(np.zeros((1, 2, n), np.float16))
-    half_w = np.linspace(-3, 3, n).astype(np.float16).astype(np.float64)
+    bits = 13 if dtype == np.float16 else 16
+    h = K._bits(np.zeros((1, 2, n), dtype))
+    half_w = np.linspace(-3, 3, n).astype(dtype).astype(np.float64)
     half_w[2] = 0.0
     w32 = K._f32_weight(h, h, h, half_w)
     assert w32 is not None and w32.dtype == np.float32 and np.array_equal(w32, half_w)
-    assert K._f32_weight(h, h, h, np.full(n, 1.0 + 2.0**-12)) is not None  # 13 bits
-    for w in (np.full(n, 1.0 + 2.0**-13), 1.0 + np.full(n, 2.0**-30), np.full(n, 2.0**-101),
+    assert K._f32_weight(h, h, h, np.full(n, 1.0 + 2.0**-(bits - 1))) is not None
+    for w in (np.full(n, 1.0 + 2.0**-bits), 1.0 + np.full(n, 2.0**-30), np.full(n, 2.0**-101),
               np.full(n, 2.0**101), np.full(n, np.inf), np.full(n, np.nan)):
         assert K._f32_weight(h, h, h, w) is None, w[0]
     f32 = np.zeros((1, 2, n), np.float32)
-    bf = K._bits(np.zeros((1, 2, n), BF16))
-    for dy3, x3, dx3 in ((f32, h, h), (bf, h, h), (h, h, bf), (bf, bf, bf), (f32, f32, f32)):
+    other = K._bits(np.zeros((1, 2, n), BF16 if dtype == np.float16 else np.float16))
+    for dy3, x3, dx3 in ((f32, h, h), (other, h, h), (h, h, other), (h, other, h),
+                         (f32, f32, f32)):
         assert K._f32_weight(dy3, x3, dx3, half_w) is None, (dy3.dtype, x3.dtype, dx3.dtype)
-    assert K._f32_dx_row(1.0, 0.5) and K._f32_dx_row(2.0**100, 2.0**-200)
-    assert K._f32_dx_row(2.0**-100, -(2.0**200))  # rstd·c = -2^100
-    for rstd, c in ((2.0**101, 1e-40), (2.0**-101, 1.0), (1.0, 2.0**101), (1.0, 2.0**-101),
-                    (1.0, 0.0), (np.nan, 1.0), (1.0, np.nan), (1.0, np.inf)):
-        assert not K._f32_dx_row(rstd, c), (rstd, c)
+    assert K._f32_dx_row(1.0, 0.5) and K._f32_dx_row(2.0**100, 2.0**-100)
+    assert K._f32_dx_row(2.0**-100, -(2.0**100))
+    for rstd, rc in ((2.0**101, 1.0), (2.0**-101, 1.0), (1.0, 2.0**101), (1.0, 2.0**-101),
+                     (1.0, 0.0), (np.nan, 1.0), (1.0, np.nan), (1.0, np.inf)):
+        assert not K._f32_dx_row(rstd, rc), (rstd, rc)
+
+
+@pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float16)], ids=["bfloat16", "float16"])
+def test_the_float32_dx_scales_a_bfloat16_row_by_its_rstd(dtype):
+    """``_dx_scale``: (2^e, rstd·2^-e, rstd·c·2^e), e the binary exponent of rstd (rstd·2^-e in
+    [1/2, 1)) for a bfloat16 dx, kept within [0, 100]; e = 0 for float16 (its bits as
+    unscaled)."""
+    dx3 = K._bits(np.zeros((1, 1, 1), dtype))
+    for rstd, e in ((3.0, 2), (1.0, 1), (0.99, 0), (2.0**-60, 0), (2.0**99 * 1.5, 100),
+                    (2.0**300, 100)):
+        e = e if dtype == BF16 else 0
+        gs, rs, rc = K._dx_scale(rstd, 0.375, dx3)
+        assert (gs, rs, rc) == (2.0**e, rstd * 2.0**-e, rstd * 0.375 * 2.0**e), (rstd, e)
 
 
 @pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float16)], ids=["bfloat16", "float16"])
@@ -339,11 +363,11 @@ def test_the_float32_dx_keeps_the_contract_where_its_terms_cancel(rng, kind, dty
     """dy along y = xhat·w is the direction whose dx cancels: with w = 1 and dy = y, dx = 0 in
     exact arithmetic, so the float32 value is all cancellation (g·w against x·rstd·c). A plain
     float32 dx left 2.8 % of float16 elements more than an ulp off there (13 % of bfloat16
-    ones; bench/results/halfbwd.md); float16's compensated one (``_dxhat_minus_proj``) keeps
-    the contract, as bfloat16's float64 dx does, through the pipelined kernel and v3 (the path
-    that also returns dbias) alike, with a weight of ones and a weight in the half format.
-    N = 1000 puts 40 elements of each row in the pipelined row's tail loop."""
-    m, n = 64, 1000
+    ones; bench/results/halfbwd.md); the compensated one (``_dxhat_minus_proj``) keeps the
+    contract, through the pipelined kernel and v3 (the path that also returns dbias) alike,
+    with a weight of ones and a weight in the half format. N = 1024 (the pipelined kernel
+    takes rows of a multiple of 64 on this route)."""
+    m, n = 64, 1024
     x = rng.standard_normal((m, n)).astype(dtype)
     for w in (np.ones(n, dtype), (1 + 0.1 * rng.standard_normal(n)).astype(dtype)):
         y, rstd = K.rms_norm_forward(x, n, w)
@@ -352,7 +376,7 @@ def test_the_float32_dx_keeps_the_contract_where_its_terms_cancel(rng, kind, dty
             dy = dy + 0.01 * rng.standard_normal((m, n))
         dy = dy.astype(dtype)
         route = K._f32_weight(K._bits(dy), K._bits(x), K._bits(x), w.astype(np.float64))
-        assert (route is not None) == (dtype == np.float16)
+        assert route is not None
         want = rmsref.rms_norm_backward(dy, x, n, w, rstd=rstd).dx
         for bias in (None, w):
             got = K.rms_norm_backward(dy, x, n, w, rstd=rstd, bias=bias).dx
@@ -362,7 +386,7 @@ def test_the_float32_dx_keeps_the_contract_where_its_terms_cancel(rng, kind, dty
 @pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float16)], ids=["bfloat16", "float16"])
 def test_the_float32_dx_keeps_the_sign_of_a_zero(rng, dtype):
     """Where dy_j = x_j = 0 (either sign) dx_j is a zero whose sign the oracle's arithmetic
-    decides (g·w − xhat·c, then ·rstd); float16's float32 route gives the same sign in every
+    decides (g·w − xhat·c, then ·rstd); the float32 route gives the same sign in every
     kernel: its rstd·c is split so that both parts share its sign (``_split32``). With the
     high part rounded to nearest, the low part's other sign turned a −0 into +0 in about one
     such element in eight."""
@@ -381,29 +405,98 @@ def test_the_float32_dx_keeps_the_sign_of_a_zero(rng, dtype):
         assert flipped == 0, f"{flipped} of {zero.sum()} zeros differ (bias={bias is not None})"
 
 
-def test_bfloat16_rows_of_tiny_values_keep_the_contract(rng):
-    """bfloat16 has float32's exponent range: x ~ 2^-99 (rstd ~ 2^99), w = 2^-24 and
-    dy ~ 2^-120 make g·w − x·rstd·c near 2^-144 and dy·x near 2^-219, below float32's normal
-    range, while dx (near 2^-45) and dweight are ordinary values. bfloat16 computes dx in
-    float64, so both keep the contract, with the same bits in both kernels (a float32 dx
-    for bfloat16 would have to test for this per element: ``numba_cpu._f32_weight``)."""
+@pytest.mark.parametrize("size", ["tiny", "huge"])
+def test_bfloat16_rows_far_from_1_keep_the_contract(rng, size):
+    """bfloat16 has float32's exponent range, so its float32 dx route meets values that
+    float16's never does, while dx (and dweight) stay ordinary values:
+
+    - "tiny": x ~ 2^-99 (rstd ~ 2^99), w = 2^-24, dy ~ 2^-120: unscaled, g·w − x·rstd·c
+      (near 2^-144) would fall below float32's normal range and lose bits that rstd makes
+      part of dx (``_dx_scale`` scales it by 2^e ~ rstd); dy·x (near 2^-219) underflows
+      float32 to 0;
+    - "huge": x ~ 2^70 (rstd ~ 2^-70), w = 2^20, dy ~ 2^60: dy·x (near 2^130) overflows
+      float32.
+
+    In both, the float32 dy·x would give a wrong dweight term, so ``_gx_exact`` sends the
+    parts to ``_rms_bwd_dweight_again``. dx keeps the contract and dweight is within one ulp
+    of the oracle's, with the same bits in both kernels (v3, taken with a bias, sums
+    float64 products)."""
     m, n = 40, 256
-    x = (rng.standard_normal((m, n)) * 2.0**-99).astype(BF16)
-    dy = (rng.standard_normal((m, n)) * 2.0**-120).astype(BF16)
-    w = np.full(n, 2.0**-24).astype(BF16)
+    sx, sdy, sw = (-99, -120, -24) if size == "tiny" else (70, 60, 20)
+    x = (rng.standard_normal((m, n)) * 2.0**sx).astype(BF16)
+    dy = (rng.standard_normal((m, n)) * 2.0**sdy).astype(BF16)
+    w = np.full(n, 2.0**sw).astype(BF16)
+    assert K._f32_weight(K._bits(dy), K._bits(x), K._bits(x), w.astype(np.float64)) is not None
     _, rstd = K.rms_norm_forward(x, n, w, eps=0.0)
-    want = rmsref.rms_norm_backward(dy, x, n, w, eps=0.0, rstd=rstd).dx
-    assert (np.abs(want.astype(np.float64)) > 2.0**-126).mean() > 0.9  # ordinary values
-    want_dw = rmsref.rms_norm_backward(dy, x, n, w, eps=0.0, rstd=rstd).dweight
-    assert (np.abs(want_dw.astype(np.float64)) > 2.0**-126).all()
+    want = rmsref.rms_norm_backward(dy, x, n, w, eps=0.0, rstd=rstd)
+    assert (np.abs(want.dx.astype(np.float64)) > 2.0**-126).mean() > 0.9  # ordinary values
+    want_dw = want.dweight.astype(np.float64)
+    assert (np.abs(want_dw) > 2.0**-126).all() and np.isfinite(want_dw).all()
     dweights = []
     for bias in (None, w):
         got = K.rms_norm_backward(dy, x, n, w, eps=0.0, rstd=rstd, bias=bias)
-        _contract(f"dx, bias={bias is not None}", got.dx, want, BF16)
-        err = np.abs(got.dweight.astype(np.float64) - want_dw.astype(np.float64))
-        assert (err <= tolerance.ulp(want_dw.astype(np.float64), BF16)).all(), "dweight"
+        _contract(f"dx, bias={bias is not None}", got.dx, want.dx, BF16)
+        err = np.abs(got.dweight.astype(np.float64) - want_dw)
+        assert (err <= tolerance.ulp(want_dw, BF16)).all(), f"dweight, bias={bias is not None}"
         dweights.append(got.dweight.view(np.uint16))
     np.testing.assert_array_equal(*dweights)
+
+
+def test_a_strided_bfloat16_backward_has_the_contiguous_bits(rng):
+    """dy and x as strided views (every other column) take the float32 dx route as contiguous
+    ones do, with the row bound's keys read element by element (``_halfbits.emit_block_keys``
+    reads contiguous rows as vectors): dx and dweight have the contiguous call's bits. Column
+    10 holds dy and x near 2^-70, whose float32 products (near 2^-140) lose bits, so every
+    part's dweight is summed again; a float32 weight (of bfloat16 values) gives dweight in
+    float32, where a lost bit would show: it is within an ulp of the oracle's."""
+    m, n = 130, 256
+    xs = rng.standard_normal((m, 2 * n)).astype(BF16)
+    dys = rng.standard_normal((m, 2 * n)).astype(BF16)
+    w = rng.standard_normal(n).astype(BF16).astype(np.float32)
+    xs[:, 20] = (rng.standard_normal(m) * 2.0**-70).astype(BF16)  # column 10 of the views
+    dys[:, 20] = (rng.standard_normal(m) * 2.0**-70).astype(BF16)
+    x, dy = xs[:, ::2], dys[:, ::2]
+    xc, dyc = np.ascontiguousarray(x), np.ascontiguousarray(dy)
+    assert K._f32_weight(K._bits(dy), K._bits(x), K._bits(x), w.astype(np.float64)) is not None
+    _, rstd = K.rms_norm_forward(xc, n, w)
+    strided = K.rms_norm_backward(dy, x, n, w, rstd=rstd)
+    contiguous = K.rms_norm_backward(dyc, xc, n, w, rstd=rstd)
+    np.testing.assert_array_equal(strided.dx.view(np.uint16), contiguous.dx.view(np.uint16))
+    np.testing.assert_array_equal(strided.dweight, contiguous.dweight)
+    want = rmsref.rms_norm_backward(dyc, xc, n, w, rstd=rstd).dweight.astype(np.float64)
+    err = np.abs(strided.dweight.astype(np.float64) - want)
+    assert (err <= tolerance.ulp(want, np.float32)).all(), "dweight"
+
+
+@pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float16)], ids=["bfloat16", "float16"])
+def test_the_pipelined_backward_flags_a_part_by_its_rows_magnitudes(rng, dtype):
+    """``_rms_bwd_pipelined`` flags part p (``redo_dw[p]``) for its dweight to be summed again
+    where a row of a bfloat16 part has a nonzero |dy| or |x| whose square leaves float32's
+    normal range (``_gx_exact``), and no other part: not one of ordinary values, nor one with
+    a row of zeros (a masked token's dy) or of values just inside the bound. float16 never
+    flags a part (its products are always exact, and its values cannot reach the bound)."""
+    n, per = 128, K.ROWS_PER_PART
+    m = 6 * per
+    x = rng.standard_normal((m, n)).astype(dtype)
+    dy = rng.standard_normal((m, n)).astype(dtype)
+    dy[0 * per + 3] = 0.0  # part 0: a zero dy row
+    if dtype == BF16:
+        x[1 * per + 5, 7] = 2.0**-63  # part 1: just inside (its square is 2^-126)
+        dy[1 * per + 9, 70] = -(2.0**63)  # and its square just below 2^128
+        x[2 * per + 1, 9] = 2.0**-64  # part 2: one element too small
+        dy[3 * per + 63, 100] = 2.0**64  # part 3: one too large, in the part's last row
+        dy[4 * per, 5] = -(2.0**-70)  # part 4: one too small, in the part's first row
+    flagged = [2, 3, 4] if dtype == BF16 else []
+    w = rng.standard_normal(n).astype(dtype).astype(np.float64)
+    g3, x3 = K._bits(dy.reshape(1, m, n)), K._bits(x.reshape(1, m, n))
+    dx3 = np.empty_like(x3)
+    w32 = K._f32_weight(g3, x3, dx3, w)
+    assert w32 is not None
+    rstd = 1.0 / np.sqrt(np.mean(np.square(x.astype(np.float64)), axis=1))
+    parts = np.empty((m // per, n))
+    redo, redo_dw = np.empty(m, np.bool_), np.empty(m // per, np.bool_)
+    K._rms_bwd_pipelined(g3, x3, w, w32, rstd, dx3, parts, redo, redo_dw, 0, m // per)
+    assert list(np.flatnonzero(redo_dw)) == flagged
 
 
 @pytest.mark.parametrize("dtype", [

@@ -74,12 +74,22 @@ _jit = njit(cache=True, nogil=True)
 # --------------------------------------------------------------------------------------------
 # half -> float32 (exact)
 # --------------------------------------------------------------------------------------------
-@_jit
-def bf16_bits_to_f32(b):
-    """bfloat16 bits (any 16-bit integer) -> float32: the bits are the top half of a float32."""
-    # int32 rather than uint32 arithmetic: Numba widens mixed/unsigned integer ops to 64 bits,
-    # which halves the vector width; int32 with int32 stays narrow enough to vectorise well.
-    return np.int32(np.int32(b) << np.int32(16)).view(np.float32)
+@intrinsic
+def bf16_bits_to_f32(typingctx, b):
+    """bfloat16 bits (a 16-bit integer) -> float32: the bits are the top half of a float32.
+    LLVM IR (a shift), not a Numba function: each Numba helper a kernel calls adds to its
+    first call's compile time (bench/compile.py)."""
+    from llvmlite import ir
+
+    if not (isinstance(b, types.Integer) and b.bitwidth == 16):
+        return None
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        u = builder.shl(builder.zext(args[0], i32), ir.Constant(i32, 16))
+        return builder.bitcast(u, ir.FloatType())
+
+    return types.float32(b), codegen
 
 
 @_jit
@@ -542,15 +552,28 @@ def f32_to_f16_bits_hw(typingctx, v):
     return types.uint16(types.float32), codegen
 
 
-@_jit
-def f32_to_bf16_bits_rne(v):
+@intrinsic
+def f32_to_bf16_bits_rne(typingctx, v):
     """float32 -> bfloat16 bits, RNE, exact for every finite value and ±inf (subnormals too:
     a bfloat16 subnormal is the top half of a float32 subnormal); a NaN may come out wrong
     (a payload carried into the sign), which is why ``outside_work`` flags it. The
-    ``f32_to_bf16_bits`` rounding without its NaN select, which kept loops from vectorising."""
-    u = np.int32(np.float32(v).view(np.int32))
-    lsb = (u >> np.int32(16)) & np.int32(1)
-    return np.int16(np.int32(u + np.int32(0x7FFF) + lsb) >> np.int32(16))
+    ``f32_to_bf16_bits`` rounding without its NaN select, which kept loops from vectorising,
+    written as LLVM IR (integer arithmetic on the float32 bits; a Numba function adds to a
+    kernel's first call, bench/compile.py)."""
+    from llvmlite import ir
+
+    if v != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        u = builder.bitcast(args[0], i32)
+        # just under half an ulp of bfloat16, plus one when the kept lsb is odd (ties to even)
+        lsb = builder.and_(builder.lshr(u, ir.Constant(i32, 16)), ir.Constant(i32, 1))
+        rounded = builder.add(builder.add(u, ir.Constant(i32, 0x7FFF)), lsb)
+        return builder.trunc(builder.lshr(rounded, ir.Constant(i32, 16)), ir.IntType(16))
+
+    return types.int16(v), codegen
 
 
 def _bfloat_type():
@@ -642,6 +665,60 @@ def magnitude_key(typingctx, e):
         return builder.sub(ir.Constant(it, 0), builder.and_(bits, ir.Constant(it, mask)))
 
     return key(e), codegen
+
+
+def _umax(builder, a, b):
+    """The unsigned maximum of two integer vectors (LLVM recognises the select as one)."""
+    return builder.select(builder.icmp_unsigned(">", a, b), a, b)
+
+
+def emit_block_keys(context, builder, g_ty, g, x_ty, x, idx, lo, hi):
+    """LLVM IR (for an intrinsic's codegen): running maxima over a row's 64-element blocks of
+    two 3-d arrays of 16-bit half bits ``g``, ``x`` (Numba types ``g_ty``, ``x_ty``), lane by
+    lane: for j = j0 + l (``idx`` = (b, i, j0)), lo[l] = max(lo[l], ``magnitude_key`` of g_j
+    and of x_j) and hi[l] = max(hi[l], |g_j| and |x_j| as bits, the sign cleared), with
+    ``lo``, ``hi`` pointers to 64 uint16 (``numba_cpu._key_lanes``). So the maximum of lo
+    gives the smallest nonzero magnitude among both rows' elements (``smallest_magnitude``)
+    and that of hi the largest. Vector code, 32 lanes to an instruction; contiguous rows are
+    read as vectors, strided ones element by element."""
+    from llvmlite import ir
+    from numba.core import cgutils
+
+    b, i, j0 = cgutils.unpack_tuple(builder, idx)
+    v32 = ir.VectorType(ir.IntType(16), 32)
+
+    def block(aryty, ary, q):  # 32 elements from j0 + q, as a <32 x i16>
+        arr = context.make_array(aryty)(context, builder, ary)
+        if aryty.layout == "C":
+            j = builder.add(j0, ir.Constant(j0.type, q))
+            at = cgutils.get_item_pointer(context, builder, aryty, arr, [b, i, j])
+            return builder.load(builder.bitcast(at, v32.as_pointer()), align=2)
+        v = ir.Constant(v32, ir.Undefined)
+        for lane in range(32):
+            j = builder.add(j0, ir.Constant(j0.type, q + lane))
+            at = cgutils.get_item_pointer(context, builder, aryty, arr, [b, i, j])
+            v = builder.insert_element(v, builder.load(at), ir.Constant(ir.IntType(32), lane))
+        return v
+
+    mask, zero = ir.Constant(v32, [0x7FFF] * 32), ir.Constant(v32, [0] * 32)
+    for q in (0, 32):
+        mg, mx = builder.and_(block(g_ty, g, q), mask), builder.and_(block(x_ty, x, q), mask)
+        key = _umax(builder, builder.sub(zero, mg), builder.sub(zero, mx))
+        for ptr, new in ((lo, key), (hi, _umax(builder, mg, mx))):
+            at = builder.bitcast(builder.gep(ptr, [ir.Constant(ir.IntType(64), q)]),
+                                 v32.as_pointer())
+            builder.store(_umax(builder, builder.load(at, align=2), new), at, align=2)
+
+
+def emit_lanes_max(builder, keys):
+    """LLVM IR: the largest of 64 uint16 keys at pointer ``keys``, by one vector reduction."""
+    from llvmlite import ir
+    from numba.core import cgutils
+
+    v64 = ir.VectorType(ir.IntType(16), 64)
+    reduce = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.IntType(16), [v64]), "llvm.vector.reduce.umax.v64i16")
+    return builder.call(reduce, [builder.load(builder.bitcast(keys, v64.as_pointer()), align=2)])
 
 
 @intrinsic

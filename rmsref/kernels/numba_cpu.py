@@ -74,31 +74,38 @@ Numerical contract
   for rare last-bit ties (tests: >= 99.9 % equal, rest within 1 ulp).
 - Half outputs (bfloat16, float16) keep the float64 statistics, and take float32 for the last
   step, as torch's opmath does: RMSNorm's y is computed in float32 arithmetic,
-  fl(fl(x·fl(rstd))·fl(w')) (x and a half weight are exact in float32), and LayerNorm's dx, its y,
-  the fused add's y and bfloat16 RMSNorm dx are computed in float64 and rounded to float32 first;
-  the float32 value is then rounded (RNE) to the half type. float16 RMSNorm dx, where the weight
-  allows it (at most 13 significant bits, as a float16 weight has: ``_f32_weight``), is computed
-  in float32 arithmetic, compensated: dx = rstd·(g·w − x·(rstd·c)) with g·w exact, rstd·c carried
-  in two float32 parts of one sign and each product added by a fused multiply-add, so the
-  difference keeps 24 bits however much its terms cancel (``_dxhat_minus_proj``; a plain float32
-  dx, measured in bench/halfbwd.py, loses the contract below where dy lies along y); with other
-  weights, in float64 as bfloat16's. So an element may differ from the oracle's float64 value
-  rounded once only where that value lies within a few float32 ulps of a half rounding boundary:
+  fl(fl(x·fl(rstd))·fl(w')) (x and a half weight are exact in float32), and LayerNorm's dx, its y
+  and the fused add's y are computed in float64 and rounded to float32 first; the float32 value
+  is then rounded (RNE) to the half type. RMSNorm dx, where dy, x and dx share a half format and
+  the weight allows it (at most 13 significant bits for float16, 16 for bfloat16, as a weight
+  of that format has: ``_f32_weight``), is computed in float32 arithmetic, compensated:
+  dx = rstd·(g·w − x·(rstd·c)) with g·w exact, rstd·c carried in two float32 parts of one sign
+  and each product added by a fused multiply-add, so the difference keeps 24 bits however much
+  its terms cancel (``_dxhat_minus_proj``; a plain float32 dx, measured in bench/halfbwd.py,
+  loses the contract below where dy lies along y); for bfloat16, whose exponent range is
+  float32's, the difference is scaled by a power of two near rstd and dx by its inverse
+  (``_dx_scale``), so that underflow inside cannot reach an ordinary dx. With other weights
+  RMSNorm dx is computed in float64, rounded through float32. So an element may differ from
+  the oracle's float64 value rounded once only where that value lies within a few float32 ulps
+  of a half rounding boundary:
   >= 99.9 % of elements are bit-equal to the oracle's, the rest one ulp away
   (tests/test_numba_cpu_half.py, on every bit pattern and on dy along y), always within the
   tolerance model's bound (a dx cancelled below about 2^-34 of its projection term, which the
   float64 route keeps to 2^-41, can be further off in ulps of itself, not of that term;
   ``_f32_weight`` has the error bound). Float32 arithmetic is what brings a half forward near
-  float32's time per element, and what makes the float16 backward's arithmetic cheaper
-  (bench/cpu.py, bench/halfbwd.py). A row with an output that rounds to inf or is NaN is written
-  again in float64 and rounded once, so those rows have the oracle's bits (through float32, a
-  value just below the tie between the largest finite half value and inf may round to inf where
-  rounded once it is finite). So is, for y, a row whose rstd is outside [2^-100, 2^100], where
-  float32 products could overflow or lose bits, or in which the float32 x·rstd of a nonzero x
-  falls below float32's normal range (a tiny x beside large ones, whose y a large w' makes an
-  ordinary half value). A row whose rstd or |rstd·c| is outside [2^-100, 2^100] takes the float64
-  dx (``_f32_dx_row``). The float32 dx route gives dweight's terms as (dy·x)·rstd, dy·x exact,
-  where the float64 route has dy·(x·rstd).
+  float32's time per element, and what makes the half backwards' arithmetic cheaper (bench/cpu.py,
+  bench/halfrow.py, bench/halfbwd.py). A row with an output that rounds to inf or is NaN is
+  written again in float64 and rounded once, so those rows have the oracle's bits (through
+  float32, a value just below the tie between the largest finite half value and inf may round to
+  inf where rounded once it is finite). So is, for y, a row whose rstd is outside [2^-100, 2^100],
+  where float32 products could overflow or lose bits, or in which the float32 x·rstd of a nonzero
+  x falls below float32's normal range (a tiny x beside large ones, whose y a large w' makes an
+  ordinary half value). A row whose rstd or scaled |rstd·c| is outside [2^-100, 2^100] takes the
+  float64 dx (``_f32_dx_row``). The float32 dx route gives dweight's terms as (dy·x)·rstd, dy·x
+  exact, where the float64 route has dy·(x·rstd): for bfloat16 the float32 dy·x is exact only
+  within float32's normal range, so a row with a nonzero |dy| or |x| whose square leaves it
+  (``_gx_exact``, a bound from the row's smallest and largest magnitudes) has its part's dweight
+  row summed again from float64 products (``_rms_bwd_dweight_again``).
 - Saved statistics: rstd (and LayerNorm's mean) in float32 for float16/bfloat16 inputs (what
   torch saves), float64 for float32 and float64 inputs. For float32 that is a choice: the value
   is computed in float64 anyway and costs 8 bytes per row, and a float64 rstd lets the backward
@@ -201,6 +208,8 @@ from rmsref.kernels._halfbits import (
     _fma,
     add_square,
     as_work,
+    emit_block_keys,
+    emit_lanes_max,
     from_f64,
     from_work,
     lost_in_work,
@@ -933,10 +942,10 @@ def _coef_from_xhat(g3, x3, b, i, w, kf, rstd_s, k):
     return c / kf
 
 
-#: The compensated float32 dx (``_dxhat_minus_proj``) takes a row whose rstd and |rstd·c| lie
-#: within 2^+-F32_DX_RANGE (``_f32_dx_row``): rstd·c then splits into two float32 parts that
-#: carry it to 2^-47 of itself, and no product of a float16 element with them leaves
-#: float32's range.
+#: The compensated float32 dx (``_dxhat_minus_proj``) takes a row whose rstd and scaled
+#: |rstd·c| (``_dx_scale``) lie within 2^+-F32_DX_RANGE (``_f32_dx_row``): rstd·c then splits
+#: into two float32 parts that carry it to 2^-47 of itself, and no product of a float16
+#: element with them leaves float32's range.
 F32_DX_RANGE = 100
 #: The bits of a float64 that float32's 24 keep: the rest is cut off by ``_split32``.
 _F32_HI_MASK = np.int64(-(1 << 29))
@@ -965,10 +974,117 @@ def _dxhat_minus_proj(g, xj, wj, rc_hi, rc_lo):
 
 
 @njit(**_INL)
-def _f32_dx_row(rstd_s, c):
-    """Whether a row may take the float32 dx (``F32_DX_RANGE``; False for 0 and NaN)."""
+def _f32_dx_row(rstd_s, rc):
+    """Whether a row may take the float32 dx: rstd and rc = rstd·c·2^e (``_dx_scale``) within
+    2^+-F32_DX_RANGE (False for 0 and NaN)."""
     lo, hi = 2.0**-F32_DX_RANGE, 2.0**F32_DX_RANGE
-    return lo <= rstd_s <= hi and lo <= abs(rstd_s * c) <= hi
+    return lo <= rstd_s <= hi and lo <= abs(rc) <= hi
+
+
+@intrinsic
+def _dx_exponent(typingctx, rstd_s, dx3):
+    """e of ``_dx_scale``: 0 for a float16 dx (a constant, so the scaling folds away), for a
+    bfloat16 dx the binary exponent of rstd (rstd·2^-e in [1/2, 1)) kept within
+    [0, F32_DX_RANGE]. (LLVM IR, as the other route helpers here: each Numba helper a kernel
+    calls adds to its first call, bench/compile.py.)"""
+    from llvmlite import ir
+
+    if rstd_s != types.float64 or not isinstance(dx3, types.Array):
+        return None
+    bf16 = dx3.dtype == types.int16
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        if not bf16:
+            return ir.Constant(i64, 0)
+        field = builder.and_(builder.lshr(builder.bitcast(args[0], i64), ir.Constant(i64, 52)),
+                             ir.Constant(i64, 0x7FF))
+        e = builder.sub(field, ir.Constant(i64, 1022))
+        e = builder.select(builder.icmp_signed("<", e, ir.Constant(i64, 0)), ir.Constant(i64, 0), e)
+        top = ir.Constant(i64, F32_DX_RANGE)
+        return builder.select(builder.icmp_signed(">", e, top), top, e)
+
+    return types.int64(rstd_s, dx3), codegen
+
+
+@njit(**_INL)
+def _dx_scale(rstd_s, c, dx3):
+    """A row's factors for the float32 dx: (2^e in float32, rstd·2^-e, rstd·c·2^e), all exact
+    (powers of two), with e from ``_dx_exponent``. The route computes
+    dx = (rstd·2^-e)·(g·2^e·w − x·rstd·c·2^e), which is rstd·(g·w − x·rstd·c) scaled inside
+    and out. Why: with bfloat16's exponent range the difference can fall below float32's
+    normal range while dx does not, where each rounding errs by up to 2^-150 absolutely, and
+    rstd (up to 2^100) would multiply that error into an ordinary dx. Scaled, the factor
+    outside is below 1 and the error stays below 2^-148. float16 needs no scaling (its
+    smallest spacing, 2^-24, is far above rstd·2^-150) and gets e = 0: its bits as before."""
+    e = _dx_exponent(rstd_s, dx3)
+    return np.float32(_pow2(e)), rstd_s * _pow2(-e), (rstd_s * c) * _pow2(e)
+
+
+@njit(**_INL)
+def _pow2(e):
+    """2^e as a float64, for |e| <= 1022, from its bits: no call in the row loop (as
+    ``math.ldexp`` is), and 2^0 a constant that LLVM folds where e is one."""
+    return np.int64((e + 1023) << 52).view(np.float64)
+
+
+@intrinsic
+def _gx_keys(typingctx, lo, hi, g3, x3, idx, dx3):
+    """For a bfloat16 dx on the float32 route, the keys of row (b, i)'s block [j0, j0 + 64)
+    (``idx``) of dy and x together in the 64 lanes ``lo``, ``hi`` (``_key_lanes``): running
+    maxima from which ``_gx_exact`` reads the smallest nonzero and the largest magnitude
+    (``_halfbits.emit_block_keys``). Nothing for float16."""
+    if not (isinstance(dx3, types.Array) and isinstance(g3, types.Array)):
+        return None
+    bf16 = dx3.dtype == types.int16
+
+    def codegen(context, builder, signature, args):
+        if bf16:
+            emit_block_keys(context, builder, signature.args[2], args[2], signature.args[3],
+                            args[3], args[4], args[0], args[1])
+        return context.get_dummy_value()
+
+    return types.none(lo, hi, g3, x3, idx, dx3), codegen
+
+
+@intrinsic
+def _gx_exact(typingctx, lo, hi, dx3):
+    """Whether every float32 g·x of a row whose blocks ``_gx_keys`` saw is exact, so that
+    dweight's terms (g·x)·rstd taken from them are the float64 ones: always for float16 (11
+    and 11 significant bits, within 2^+-32); for bfloat16 (8 and 8 bits, float32's exponent
+    range) when the square of the smallest nonzero magnitude among the row's g and x is
+    normal and that of the largest is finite (every nonzero |g|, |x| in about
+    [2^-63, 2^64)): every nonzero g·x then lies between the two squares, and 16 significant
+    bits are exact there. A bound on the row, not a test of each product (slower, in cache:
+    bench/halfrow.py); a row outside it has its part's dweight summed again from float64
+    products."""
+    from llvmlite import ir
+
+    if not isinstance(dx3, types.Array):
+        return None
+    bf16 = dx3.dtype == types.int16
+
+    def codegen(context, builder, signature, args):
+        if not bf16:
+            return ir.Constant(ir.IntType(1), 1)
+        i16, i32, f32 = ir.IntType(16), ir.IntType(32), ir.FloatType()
+
+        def value(bits):  # bfloat16 magnitude bits -> float32
+            return builder.bitcast(builder.shl(builder.zext(bits, i32), ir.Constant(i32, 16)),
+                                   f32)
+
+        key = emit_lanes_max(builder, args[0])
+        small = builder.select(builder.icmp_unsigned("==", key, ir.Constant(i16, 0)),
+                               ir.Constant(f32, float("inf")),  # no nonzero element
+                               value(builder.and_(builder.neg(key), ir.Constant(i16, 0x7FFF))))
+        large = value(emit_lanes_max(builder, args[1]))
+        normal = builder.fcmp_ordered(">=", builder.fmul(small, small),
+                                      ir.Constant(f32, 2.0**-126))
+        finite = builder.fcmp_ordered("<", builder.fmul(large, large),
+                                      ir.Constant(f32, float("inf")))
+        return builder.and_(normal, finite)
+
+    return types.boolean(lo, hi, dx3), codegen
 
 
 @njit(**_INL)
@@ -990,7 +1106,7 @@ def _rms_bwd_row(g3, x3, b, i, w, w32, kf, rstd_s, k, s, dx3, want_dw, want_db, 
     n = x3.shape[2]
     c = _coef(s, g3, x3, b, i, w, kf, rstd_s, k)  # (6) c = (1/K) Σ dxhat·xhat
     if k == 0 and kf == n:
-        if w32 is not None and _f32_dx_row(rstd_s, c):
+        if w32 is not None and _f32_dx_row(rstd_s, _dx_scale(rstd_s, c, dx3)[2]):
             outside = _dx_f32_row(g3, x3, b, i, w32, rstd_s, c, dx3)
             if want_dw or want_db:
                 for j in range(n):
@@ -1041,14 +1157,15 @@ def _dx_f32_row(g3, x3, b, i, w32, rstd_s, c, dx3):
     """Row (b, i)'s dx by ``_dxhat_minus_proj`` (as ``_bwd_row_and_dot_f32`` writes it, without
     the dweight terms and the next row's sum); returns whether it must be written again by
     ``_bwd_dx_exact``."""
-    rstd32 = np.float32(rstd_s)
-    rc_hi, rc_lo = _split32(rstd_s * c)
+    gs, rs, rc = _dx_scale(rstd_s, c, dx3)
+    rs32 = np.float32(rs)
+    rc_hi, rc_lo = _split32(rc)
     outside = False
     for j in range(x3.shape[2]):
         g = to_work(g3[b, i, j], dx3)
         xj = to_work(x3[b, i, j], dx3)
-        t = _dxhat_minus_proj(g, xj, w32[j], rc_hi, rc_lo)
-        dxj = rstd32 * t  # (7)
+        t = _dxhat_minus_proj(g * gs, xj, w32[j], rc_hi, rc_lo)  # scaled by 2^e
+        dxj = rs32 * t  # (7)
         dx3[b, i, j] = from_work(dxj, dx3)
         outside |= outside_work(dxj, dx3)
     return outside
@@ -1117,17 +1234,25 @@ def _bwd_row_and_dot(g3, x3, b, i, w, rstd_s, c, dx3, dw_parts, p, b1, i1):
 @njit(**_INL)
 def _bwd_row_and_dot_f32(g3, x3, b, i, w, w32, rstd_s, c, dx3, dw_parts, p, b1, i1):
     """``_bwd_row_and_dot`` on the float32 dx route: dx as ``_dx_f32_row`` writes it, the
-    dweight terms (g·x)·rstd (``_dweight_term``) from the block's float32 g·x (exact for
-    float16: 22 bits, far from float32's limits), in a float64 loop of their own (float64
-    work inside the float32 loop made LLVM give all of it half-width vectors; keeping g and x
-    for that loop instead of their product was slower), and row (b1, i1)'s Σ dxhat·x as
-    ``_dot_lanes`` sums it (its bits). The caller checks ``_f32_dx_row``."""
+    dweight terms (g·x)·rstd (``_dweight_term``) from the block's float32 g·x, in a float64
+    loop of their own (float64 work inside the float32 loop made LLVM give all of it
+    half-width vectors; keeping g and x for that loop instead of their product was slower),
+    and row (b1, i1)'s Σ dxhat·x as ``_dot_lanes`` sums it (its bits). Returns (the sum,
+    whether row (b, i)'s dx must be written again: an element outside the format's range or a
+    row outside ``_f32_dx_row``, whether a g·x of the row may not be exact (``_gx_exact``,
+    never for float16): then the part's dweight row must be summed again).
+
+    Rows of a multiple of LANES only (``_rms_bwd_v6`` sends other lengths to v3): a loop for
+    a row's tail took about a fifth of the backward's first call to compile
+    (bench/compile.py)."""
     n = x3.shape[2]
     acc = _lanes()
-    gx_blk = _lanes32()  # the block's g·x, exact in float32
-    rstd32 = np.float32(rstd_s)
-    rc_hi, rc_lo = _split32(rstd_s * c)
-    outside = False  # whether dx needs ``_bwd_dx_exact``
+    gx_blk = _lanes32()  # the block's g·x, exact in float32 where ``_gx_exact``
+    lo, hi = _key_lanes(x3), _key_lanes(x3)  # for ``_gx_exact`` (bfloat16)
+    gs, rs, rc = _dx_scale(rstd_s, c, dx3)
+    rs32 = np.float32(rs)
+    rc_hi, rc_lo = _split32(rc)
+    outside = not _f32_dx_row(rstd_s, rc)  # whether dx needs ``_bwd_dx_exact``
     n64 = n - n % LANES
     for j0 in range(0, n64, LANES):  # 64 elements of dx, their dweight terms, the next row's
         _read_ahead(g3, (b1, i1, j0))
@@ -1137,27 +1262,18 @@ def _bwd_row_and_dot_f32(g3, x3, b, i, w, w32, rstd_s, c, dx3, dw_parts, p, b1, 
             j = j0 + lane
             g = to_work(g3[b, i, j], dx3)
             xj = to_work(x3[b, i, j], dx3)
-            t = _dxhat_minus_proj(g, xj, w32[j], rc_hi, rc_lo)  # (5)-(6)
-            dxj = rstd32 * t  # (7)
+            t = _dxhat_minus_proj(g * gs, xj, w32[j], rc_hi, rc_lo)  # (5)-(6), scaled by 2^e
+            dxj = rs32 * t  # (7)
             dx3[b, i, j] = from_work(dxj, dx3)
             outside |= outside_work(dxj, dx3)
-            gx_blk[lane] = g * xj  # exact
+            gx_blk[lane] = g * xj
+        _gx_keys(lo, hi, g3, x3, (b, i, j0), dx3)
         for lane in range(LANES):
             dw_parts[p, j0 + lane] += np.float64(gx_blk[lane]) * rstd_s  # (8)
         for lane in range(LANES):
             j = j0 + lane
             acc[lane] += (to_f64(g3[b1, i1, j]) * w[j]) * to_f64(x3[b1, i1, j])  # next row
-    for lane in range(n - n64):
-        j = n64 + lane
-        g = to_work(g3[b, i, j], dx3)
-        xj = to_work(x3[b, i, j], dx3)
-        t = _dxhat_minus_proj(g, xj, w32[j], rc_hi, rc_lo)
-        dxj = rstd32 * t
-        dx3[b, i, j] = from_work(dxj, dx3)
-        outside |= outside_work(dxj, dx3)
-        dw_parts[p, j] += (np.float64(g) * np.float64(xj)) * rstd_s
-        acc[lane] += (to_f64(g3[b1, i1, j]) * w[j]) * to_f64(x3[b1, i1, j])
-    return _lane_tree(acc), outside
+    return _lane_tree(acc), outside, not _gx_exact(lo, hi, dx3)
 
 
 @njit(**_SER)
@@ -1171,7 +1287,7 @@ def _bwd_dx_exact(g3, x3, b, i, w, rstd_s, c, dx3):
 
 
 @njit(**_PAR)
-def _rms_bwd_pipelined(dy3, x3, w, w32, rstd_in, dx3, dw_parts, redo, t0, t1):
+def _rms_bwd_pipelined(dy3, x3, w, w32, rstd_in, dx3, dw_parts, redo, redo_dw, t0, t1):
     """v5's kernel: v4's pipelined loop for the common call only (saved rstd, K = N, a weight,
     no bias), with no branch for the other calls, and every row of a part through the loop
     (the part's last row sums its own Σ dxhat·x again, unused).
@@ -1181,13 +1297,16 @@ def _rms_bwd_pipelined(dy3, x3, w, w32, rstd_in, dx3, dw_parts, redo, t0, t1):
     afterwards by ``_rms_bwd_redo`` (``_rms_bwd_common`` calls both): the rare paths' code then
     stays out of this kernel, whose first call compiles faster (bench/compile.py).
     ``w32`` not None: the float32 dx route (``_bwd_row_and_dot_f32``; a row outside
-    ``_f32_dx_row`` is flagged too), chosen when the kernel is compiled (None is a type)."""
+    ``_f32_dx_row`` is flagged too), chosen when the kernel is compiled (None is a type). On
+    that route a bfloat16 part whose dweight terms took a g·x that may not be exact is flagged
+    in ``redo_dw[p]`` and summed again by ``_rms_bwd_dweight_again``."""
     _wide_vectors_for(x3)
     nr = x3.shape[1]
     m = x3.shape[0] * nr
     n = x3.shape[2]
     for p in range(t0, t1):  # this call's share of the tasks (``_launch``)
         _zero_part(dw_parts, p)
+        redo_dw[p] = False
         r0 = p * ROWS_PER_PART
         r1 = min(m, r0 + ROWS_PER_PART)
         if r1 <= r0:  # an empty batch still has one (zeroed) part
@@ -1202,9 +1321,9 @@ def _rms_bwd_pipelined(dy3, x3, w, w32, rstd_in, dx3, dw_parts, redo, t0, t1):
                 s_next, outside = _bwd_row_and_dot(dy3, x3, b, i, w, rstd_s, c, dx3, dw_parts,
                                                    p, b1, i1)
             else:
-                s_next, outside = _bwd_row_and_dot_f32(dy3, x3, b, i, w, w32, rstd_s, c,
-                                                       dx3, dw_parts, p, b1, i1)
-                outside |= not _f32_dx_row(rstd_s, c)
+                s_next, outside, lost = _bwd_row_and_dot_f32(dy3, x3, b, i, w, w32, rstd_s, c,
+                                                             dx3, dw_parts, p, b1, i1)
+                redo_dw[p] |= lost
             redo[r] = outside or not SS_LO <= abs(s) <= SS_HI
             s = s_next
             b, i = b1, i1
@@ -1227,15 +1346,36 @@ def _rms_bwd_redo(dy3, x3, w, w32, rstd_in, dx3, redo, r0, r1):
                          no_parts, no_parts, 0)
 
 
+@njit(**_SER)
+def _rms_bwd_dweight_again(dy3, x3, rstd_in, dw_parts, redo_dw, t0, t1):
+    """The dweight rows of the parts in [t0, t1) that ``_rms_bwd_pipelined`` flagged, summed
+    again from float64 products: term (g·x)·rstd (``_dweight_term``, eq. (8)) with g·x exact
+    in float64, in the pipelined loop's order, so a part gets the bits that loop gives where
+    every float32 g·x is exact. Compiled by the first call that flags a part."""
+    nr = x3.shape[1]
+    m = x3.shape[0] * nr
+    for p in range(t0, t1):
+        if redo_dw[p]:
+            _zero_part(dw_parts, p)
+            for r in range(p * ROWS_PER_PART, min(m, (p + 1) * ROWS_PER_PART)):
+                b, i = r // nr, r % nr
+                for j in range(x3.shape[2]):  # (8), as the float32 route's ``_dweight_term``
+                    dw_parts[p, j] += (to_f64(dy3[b, i, j]) * to_f64(x3[b, i, j])) * rstd_in[r]
+
+
 def _rms_bwd_common(dy3, x3, w, rstd_in, dx3, dw_parts, t0, t1, w32=None):
     """The common call on parts [t0, t1): ``_rms_bwd_pipelined``, then ``_rms_bwd_redo`` for
-    the rows it flagged (none in ordinary data)."""
+    the rows it flagged and ``_rms_bwd_dweight_again`` for the parts it flagged (none in
+    ordinary data)."""
     m = x3.shape[0] * x3.shape[1]
     r0, r1 = _task_rows_py(m, t0, t1, ROWS_PER_PART)
     redo = np.empty(m, np.bool_)  # only rows [r0, r1) are written and read
-    _rms_bwd_pipelined(dy3, x3, w, w32, rstd_in, dx3, dw_parts, redo, t0, t1)
+    redo_dw = np.empty(dw_parts.shape[0], np.bool_)  # only parts [t0, t1)
+    _rms_bwd_pipelined(dy3, x3, w, w32, rstd_in, dx3, dw_parts, redo, redo_dw, t0, t1)
     if redo[r0:r1].any():
         _rms_bwd_redo(dy3, x3, w, w32, rstd_in, dx3, redo, r0, r1)
+    if redo_dw[t0:t1].any():
+        _rms_bwd_dweight_again(dy3, x3, rstd_in, dw_parts, redo_dw, t0, t1)
 
 
 @njit(**_PAR)
@@ -1251,40 +1391,42 @@ def _rms_rstd(x3, kf, eps, rstd_out, r0, r1):
         rstd_out[r] = math.ldexp(rstd_s, -k)
 
 
-#: The significant bits a weight may have for the float32 dx route: 24 − 11, so that g·w, a
-#: float16 g (11 bits) times the weight, is exact in float32.
-F32_DX_WEIGHT_BITS = 24 - 11
+#: The significant bits a weight may have for the float32 dx route, per half format: 24 less
+#: the bits of a g of that format (float16 11, bfloat16 8), so that g·w is exact in float32.
+F32_DX_WEIGHT_BITS = {F16_BITS: 24 - 11, BF16_BITS: 24 - 8}
 
 
 def _f32_weight(dy3: np.ndarray, x3: np.ndarray, dx3: np.ndarray,
                 w: np.ndarray) -> np.ndarray | None:
     """The weight row in float32 when the call's dx may take the float32 route, else None.
 
-    The route (``_dxhat_minus_proj``) is taken for float16 dy, x and dx (the 16-bit views)
-    with a weight row w' (offset added) that is exact in float32 with at most
+    The route (``_dxhat_minus_proj``) is taken for dy, x and dx of one half format (the 16-bit
+    views) with a weight row w' (offset added) that is exact in float32 with at most
     ``F32_DX_WEIGHT_BITS`` significant bits and nonzero magnitudes within 2^+-F32_DX_RANGE: a
-    float16 weight is (with an offset of 1, only where w' keeps few bits).
+    weight of the same format is (with an offset of 1, only where w' keeps few bits).
 
-    Why it keeps the contract: per row (``_f32_dx_row``: rstd and |rstd·c| within
-    2^+-F32_DX_RANGE), g·w and x·rc_hi are exact (inside the fused multiply-adds), each
-    multiply-add rounds once (2^-24 of its result, or 2^-150 where the result is below
-    float32's normal range), and rstd·c − rc_hi − rc_lo is at most 2^-47·|rstd·c|. So the
-    difference t is within about 2^-23·|t| + 2^-45·|x·rstd·c| + 3·2^-150 of the exact one, and
-    dx = fl(fl32(rstd)·t) within about 2^-22·|dx| + 2^-45·|rstd·xhat·c| + rstd·3·2^-150; the
-    last term is below 2^-48 (rstd <= 2^100), far under float16's smallest spacing (2^-24),
-    and overflow gives inf or NaN, which ``outside_work`` flags. A half ulp of dx is
-    2^-11·|dx|, so the float32 value rounds to the oracle's bits except within a few float32
-    ulps of a rounding boundary (as the float64 route's twice-rounded value does), or where dx
-    is below about 2^-34 of the projection term it cancels: there it can be more than an ulp
-    of itself off (the float64 route: below 2^-41), still within the tolerance model's bound,
-    which is relative to that term.
+    Why it keeps the contract: per row (``_f32_dx_row``: rstd and the scaled |rstd·c| within
+    2^+-F32_DX_RANGE), g·w and x·rc_hi are exact where normal (inside the fused
+    multiply-adds), each multiply-add rounds once (2^-24 of its result, or 2^-150 where the
+    result is below float32's normal range), and rstd·c − rc_hi − rc_lo is at most
+    2^-47·|rstd·c|. So the difference t is within about 2^-23·|t| + 2^-45·|x·rstd·c| + 3·2^-150
+    of the exact one, and dx = fl(fl32(rstd·2^-e)·t) within about 2^-22·|dx| +
+    2^-45·|rstd·xhat·c| + 3·2^-150, the inner values scaled by 2^e (``_dx_scale``: the last
+    term would otherwise be rstd·3·2^-150). That term is far under the smallest spacing of
+    either format (float16 2^-24, bfloat16 2^-133), and overflow gives inf or NaN, which
+    ``outside_work`` flags. A half ulp of dx is 2^-11·|dx| (float16) or 2^-8·|dx|
+    (bfloat16), so the float32 value rounds to the oracle's bits except within a few float32
+    ulps of a rounding boundary (as the float64 route's twice-rounded value does), or where
+    dx is below about 2^-34 of the projection term it cancels: there it can be more than an
+    ulp of itself off (the float64 route: below 2^-41), still within the tolerance model's
+    bound, which is relative to that term.
 
-    bfloat16 keeps the float64 dx. Its float32 exponent range lets the difference and g·x
-    underflow float32 where rstd makes the lost bits matter, so its route needs tests per
-    element (rows and blocks sent back to float64); built that way it was measured
-    (bench/results/cpu-summary.md) and not kept.
+    dweight's terms are (g·x)·rstd in float64 from the float32 g·x: exact for float16 (22
+    bits within 2^+-32); for bfloat16 exact unless it leaves float32's normal range, where
+    the loop flags the part (``_gx_lost``) and its row is summed again from float64 products.
     """
-    if not dy3.dtype == x3.dtype == dx3.dtype == F16_BITS:
+    fmt = dy3.dtype
+    if not (fmt == x3.dtype == dx3.dtype and fmt in F32_DX_WEIGHT_BITS):
         return None
     with np.errstate(over="ignore", invalid="ignore"):
         w32 = w.astype(np.float32)
@@ -1293,7 +1435,7 @@ def _f32_weight(dy3: np.ndarray, x3: np.ndarray, dx3: np.ndarray,
     a = np.abs(w32[w32 != 0])
     if a.size and not (a.min() >= 2.0**-F32_DX_RANGE and a.max() <= 2.0**F32_DX_RANGE):
         return None
-    if np.any(w32.view(np.uint32) & np.uint32((1 << (24 - F32_DX_WEIGHT_BITS)) - 1)):
+    if np.any(w32.view(np.uint32) & np.uint32((1 << (24 - F32_DX_WEIGHT_BITS[fmt])) - 1)):
         return None
     return w32
 
@@ -1306,10 +1448,12 @@ def _rms_bwd_v6(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, d
     Without a saved rstd, this thread's rows get theirs from ``_rms_rstd`` first (the values v3
     would recompute, so v3's bits): one more read of x, in exchange for the pipelined loop,
     and a first call that compiles neither v3 nor its recomputation of rstd (bench/compile.py).
-    v5 did this for a saved rstd only. A float16 call whose weight allows it computes dx in
-    float32 (``_f32_weight``), in every kernel, so they keep one another's bits."""
+    v5 did this for a saved rstd only. A half call whose weight allows it computes dx in
+    float32 (``_f32_weight``), in every kernel, so they keep one another's bits; its
+    pipelined row has no tail loop, so rows whose length is not a multiple of LANES take v3."""
     w32 = _f32_weight(dy3, x3, dx3, w)
-    if kf == x3.shape[2] and want_dw and not want_db:
+    n = x3.shape[2]
+    if kf == n and want_dw and not want_db and (w32 is None or n % LANES == 0):
         if has_rstd and _saved_rstd_in_range(rstd_in):
             _rms_bwd_common(dy3, x3, w, rstd_in, dx3, dw_parts, t0, t1, w32)
             return
