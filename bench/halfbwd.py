@@ -179,7 +179,7 @@ def _timed(row):
                                                 1)
             elif row == "f32":
                 s, outside, _ = K._bwd_row_and_dot_f32(g3, x3, 0, 0, w, w32, rstd, 0.01, dx3,
-                                                       parts, 0, 0, 1)
+                                                       parts, 0, 0, 1, None)
             else:
                 s, outside = row(g3, x3, 0, 0, w, w32, rstd, 0.01, dx3, parts, dw32, 0, 0, 1,
                                  cancel)

@@ -94,7 +94,7 @@ def _kernels():
                                         0, 0, 1)[0]
             else:
                 s, outside, lost = K._bwd_row_and_dot_f32(g3, x3, 0, 0, w, w32, 1.0 + rep * 1e-9,
-                                                          0.01, dx3, parts, 0, 0, 1)
+                                                          0.01, dx3, parts, 0, 0, 1, None)
                 t += s + outside + lost  # every result used: an unused flag's work is left out
         return t
 
@@ -136,8 +136,8 @@ def _kernel_loops():
     @njit(**opts)
     def bwd(g3, x3, w, w32, rstd, dx3, parts, redo, redo_dw, reps):
         for _ in range(reps):
-            K._rms_bwd_pipelined(g3, x3, w, w32, rstd, dx3, parts, redo, redo_dw, 0,
-                                 parts.shape[0])
+            K._rms_bwd_pipelined(g3, x3, w, w32, rstd, dx3, parts, redo, redo_dw,
+                                 K._tail(x3), 0, parts.shape[0])
 
     return fwd, bwd
 

@@ -274,8 +274,9 @@ def test_pipelined_backward_equals_exact_path(rng, dtype):
     value, times weights up to ~12) or is NaN among ordinary rows. Both take the float32 dx
     route in both kernels (``_f32_weight``: a weight in the half format); for bfloat16 those
     rows also put their parts' dweight outside ``_gx_exact``'s bound, so the pipelined kernel
-    sums those parts again. N = 192: three 64-element blocks (the float32 route's pipelined
-    row has no tail loop: other lengths take v3, ``_rms_bwd_v6``)."""
+    sums those parts again. N = 192: three 64-element blocks, so the kernel compiled without
+    the loop over a row's tail (``numba_cpu._tail``); then N = 200, the one compiled with it
+    (a tail of 8)."""
     m, n = 150, 192
     big, tiny = float(ml_dtypes.finfo(dtype).max) / 4, float(ml_dtypes.finfo(dtype).tiny)
     x = rng.standard_normal((m, n)).astype(dtype)
@@ -305,7 +306,7 @@ def test_pipelined_backward_equals_exact_path(rng, dtype):
     dx = fast.dx.astype(np.float32)
     assert np.isnan(dx[100]).all() and np.isinf(dx[70]).any()
     assert ((dx[5] != 0) & (np.abs(dx[5]) < tiny)).any()
-    # a row length that is not a multiple of 64 (ordinary rows): v3's bits, every element
+    # a row length that is not a multiple of 64 (ordinary rows): the tail loop, v3's bits
     x, dy = (rng.standard_normal((m, 200)).astype(dtype) for _ in range(2))
     w = (rng.standard_normal(200) * 4).astype(dtype)
     _, rstd = K.rms_norm_forward(x, 200, w)
@@ -365,9 +366,9 @@ def test_the_float32_dx_keeps_the_contract_where_its_terms_cancel(rng, kind, dty
     float32 dx left 2.8 % of float16 elements more than an ulp off there (13 % of bfloat16
     ones; bench/results/halfbwd.md); the compensated one (``_dxhat_minus_proj``) keeps the
     contract, through the pipelined kernel and v3 (the path that also returns dbias) alike,
-    with a weight of ones and a weight in the half format. N = 1024 (the pipelined kernel
-    takes rows of a multiple of 64 on this route)."""
-    m, n = 64, 1024
+    with a weight of ones and a weight in the half format.
+    N = 1000 puts 40 elements of each row in the pipelined row's tail loop."""
+    m, n = 64, 1000
     x = rng.standard_normal((m, n)).astype(dtype)
     for w in (np.ones(n, dtype), (1 + 0.1 * rng.standard_normal(n)).astype(dtype)):
         y, rstd = K.rms_norm_forward(x, n, w)
@@ -495,7 +496,7 @@ def test_the_pipelined_backward_flags_a_part_by_its_rows_magnitudes(rng, dtype):
     rstd = 1.0 / np.sqrt(np.mean(np.square(x.astype(np.float64)), axis=1))
     parts = np.empty((m // per, n))
     redo, redo_dw = np.empty(m, np.bool_), np.empty(m // per, np.bool_)
-    K._rms_bwd_pipelined(g3, x3, w, w32, rstd, dx3, parts, redo, redo_dw, 0, m // per)
+    K._rms_bwd_pipelined(g3, x3, w, w32, rstd, dx3, parts, redo, redo_dw, None, 0, m // per)
     assert list(np.flatnonzero(redo_dw)) == flagged
 
 

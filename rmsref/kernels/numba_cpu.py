@@ -1232,7 +1232,7 @@ def _bwd_row_and_dot(g3, x3, b, i, w, rstd_s, c, dx3, dw_parts, p, b1, i1):
 
 
 @njit(**_INL)
-def _bwd_row_and_dot_f32(g3, x3, b, i, w, w32, rstd_s, c, dx3, dw_parts, p, b1, i1):
+def _bwd_row_and_dot_f32(g3, x3, b, i, w, w32, rstd_s, c, dx3, dw_parts, p, b1, i1, tail):
     """``_bwd_row_and_dot`` on the float32 dx route: dx as ``_dx_f32_row`` writes it, the
     dweight terms (g·x)·rstd (``_dweight_term``) from the block's float32 g·x, in a float64
     loop of their own (float64 work inside the float32 loop made LLVM give all of it
@@ -1242,9 +1242,9 @@ def _bwd_row_and_dot_f32(g3, x3, b, i, w, w32, rstd_s, c, dx3, dw_parts, p, b1, 
     row outside ``_f32_dx_row``, whether a g·x of the row may not be exact (``_gx_exact``,
     never for float16): then the part's dweight row must be summed again).
 
-    Rows of a multiple of LANES only (``_rms_bwd_v6`` sends other lengths to v3): a loop for
-    a row's tail took about a fifth of the backward's first call to compile
-    (bench/compile.py)."""
+    ``tail``: None where the row length is a multiple of LANES, else True: a type, so a kernel
+    for such rows is compiled without the loop over a row's tail, which took about a fifth of
+    the backward's first call to compile (bench/compile.py)."""
     n = x3.shape[2]
     acc = _lanes()
     gx_blk = _lanes32()  # the block's g·x, exact in float32 where ``_gx_exact``
@@ -1273,6 +1273,17 @@ def _bwd_row_and_dot_f32(g3, x3, b, i, w, w32, rstd_s, c, dx3, dw_parts, p, b1, 
         for lane in range(LANES):
             j = j0 + lane
             acc[lane] += (to_f64(g3[b1, i1, j]) * w[j]) * to_f64(x3[b1, i1, j])  # next row
+    if tail is not None:
+        for lane in range(n - n64):  # dweight's terms from float64 products: always exact
+            j = n64 + lane
+            g = to_work(g3[b, i, j], dx3)
+            xj = to_work(x3[b, i, j], dx3)
+            t = _dxhat_minus_proj(g * gs, xj, w32[j], rc_hi, rc_lo)
+            dxj = rs32 * t
+            dx3[b, i, j] = from_work(dxj, dx3)
+            outside |= outside_work(dxj, dx3)
+            dw_parts[p, j] += (np.float64(g) * np.float64(xj)) * rstd_s
+            acc[lane] += (to_f64(g3[b1, i1, j]) * w[j]) * to_f64(x3[b1, i1, j])
     return _lane_tree(acc), outside, not _gx_exact(lo, hi, dx3)
 
 
@@ -1287,7 +1298,7 @@ def _bwd_dx_exact(g3, x3, b, i, w, rstd_s, c, dx3):
 
 
 @njit(**_PAR)
-def _rms_bwd_pipelined(dy3, x3, w, w32, rstd_in, dx3, dw_parts, redo, redo_dw, t0, t1):
+def _rms_bwd_pipelined(dy3, x3, w, w32, rstd_in, dx3, dw_parts, redo, redo_dw, tail, t0, t1):
     """v5's kernel: v4's pipelined loop for the common call only (saved rstd, K = N, a weight,
     no bias), with no branch for the other calls, and every row of a part through the loop
     (the part's last row sums its own Σ dxhat·x again, unused).
@@ -1299,7 +1310,8 @@ def _rms_bwd_pipelined(dy3, x3, w, w32, rstd_in, dx3, dw_parts, redo, redo_dw, t
     ``w32`` not None: the float32 dx route (``_bwd_row_and_dot_f32``; a row outside
     ``_f32_dx_row`` is flagged too), chosen when the kernel is compiled (None is a type). On
     that route a bfloat16 part whose dweight terms took a g·x that may not be exact is flagged
-    in ``redo_dw[p]`` and summed again by ``_rms_bwd_dweight_again``."""
+    in ``redo_dw[p]`` and summed again by ``_rms_bwd_dweight_again``; ``tail`` (None or True,
+    ``_tail``) says whether that route's row needs its loop over a row's tail."""
     _wide_vectors_for(x3)
     nr = x3.shape[1]
     m = x3.shape[0] * nr
@@ -1322,7 +1334,7 @@ def _rms_bwd_pipelined(dy3, x3, w, w32, rstd_in, dx3, dw_parts, redo, redo_dw, t
                                                    p, b1, i1)
             else:
                 s_next, outside, lost = _bwd_row_and_dot_f32(dy3, x3, b, i, w, w32, rstd_s, c,
-                                                             dx3, dw_parts, p, b1, i1)
+                                                             dx3, dw_parts, p, b1, i1, tail)
                 redo_dw[p] |= lost
             redo[r] = outside or not SS_LO <= abs(s) <= SS_HI
             s = s_next
@@ -1363,6 +1375,12 @@ def _rms_bwd_dweight_again(dy3, x3, rstd_in, dw_parts, redo_dw, t0, t1):
                     dw_parts[p, j] += (to_f64(dy3[b, i, j]) * to_f64(x3[b, i, j])) * rstd_in[r]
 
 
+def _tail(x3: np.ndarray) -> bool | None:
+    """None where rows are a multiple of LANES long, else True: what ``_rms_bwd_pipelined``
+    is compiled with (``_bwd_row_and_dot_f32``'s tail loop)."""
+    return None if x3.shape[2] % LANES == 0 else True
+
+
 def _rms_bwd_common(dy3, x3, w, rstd_in, dx3, dw_parts, t0, t1, w32=None):
     """The common call on parts [t0, t1): ``_rms_bwd_pipelined``, then ``_rms_bwd_redo`` for
     the rows it flagged and ``_rms_bwd_dweight_again`` for the parts it flagged (none in
@@ -1371,7 +1389,8 @@ def _rms_bwd_common(dy3, x3, w, rstd_in, dx3, dw_parts, t0, t1, w32=None):
     r0, r1 = _task_rows_py(m, t0, t1, ROWS_PER_PART)
     redo = np.empty(m, np.bool_)  # only rows [r0, r1) are written and read
     redo_dw = np.empty(dw_parts.shape[0], np.bool_)  # only parts [t0, t1)
-    _rms_bwd_pipelined(dy3, x3, w, w32, rstd_in, dx3, dw_parts, redo, redo_dw, t0, t1)
+    _rms_bwd_pipelined(dy3, x3, w, w32, rstd_in, dx3, dw_parts, redo, redo_dw, _tail(x3), t0,
+                       t1)
     if redo[r0:r1].any():
         _rms_bwd_redo(dy3, x3, w, w32, rstd_in, dx3, redo, r0, r1)
     if redo_dw[t0:t1].any():
@@ -1449,11 +1468,9 @@ def _rms_bwd_v6(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, d
     would recompute, so v3's bits): one more read of x, in exchange for the pipelined loop,
     and a first call that compiles neither v3 nor its recomputation of rstd (bench/compile.py).
     v5 did this for a saved rstd only. A half call whose weight allows it computes dx in
-    float32 (``_f32_weight``), in every kernel, so they keep one another's bits; its
-    pipelined row has no tail loop, so rows whose length is not a multiple of LANES take v3."""
+    float32 (``_f32_weight``), in every kernel, so they keep one another's bits."""
     w32 = _f32_weight(dy3, x3, dx3, w)
-    n = x3.shape[2]
-    if kf == n and want_dw and not want_db and (w32 is None or n % LANES == 0):
+    if kf == x3.shape[2] and want_dw and not want_db:
         if has_rstd and _saved_rstd_in_range(rstd_in):
             _rms_bwd_common(dy3, x3, w, rstd_in, dx3, dw_parts, t0, t1, w32)
             return
