@@ -17,8 +17,9 @@ this script takes the memory out (two rows of x and dy, a weight row and an outp
   ``numba_cpu._weight_floor``).
 - write row: the forward's unpipelined write (``_rms_write``), which half rows take.
 - bwd row: the backward's pipelined row on the route the library takes for the dtype
-  (``_bwd_row_and_dot``; for float16 with a float16 weight, the float32 dx of
-  ``_bwd_row_and_dot_f32``: ``numba_cpu._f32_weight``).
+  (``_bwd_row_and_dot``; for a half type with a weight of its format, the float32 dx of
+  ``_bwd_row_and_dot_f32``: ``numba_cpu._f32_weight``), all its results used (its flags
+  included).
 - add fwd row, add bwd row: the fused residual add's pipelined rows (``_add_write_and_sumsq``,
   ``_add_dh_and_dot``; h = x + r in float64, no dresidual_out): two inputs and two outputs
   per element where RMSNorm has one of each.
