@@ -135,10 +135,10 @@ def _kernel_loops():
             K._rms_fwd_pipelined(x3, w, 1e-6, y3, rstd_out, redo, w_floor, 0, blocks)
 
     @njit(**opts)
-    def bwd(g3, x3, w, w32, rstd, dx3, parts, redo, redo_dw, reps):
+    def bwd(g3, x3, w, w32, rstd, dx3, parts, redo, redo_dw, tail, reps):
         for _ in range(reps):
-            K._rms_bwd_pipelined(g3, x3, w, w32, rstd, dx3, parts, redo, redo_dw,
-                                 K._tail(x3), 0, parts.shape[0])
+            K._rms_bwd_pipelined(g3, x3, w, w32, rstd, dx3, parts, redo, redo_dw, tail, 0,
+                                 parts.shape[0])
 
     return fwd, bwd
 
@@ -171,7 +171,8 @@ def in_cache(dtype: np.dtype, n: int, reps: int, rounds: int) -> dict[str, float
     redo_dw = np.empty(parts.shape[0], np.bool_)  # parts whose dweight it would sum again
     calls = {
         "fwd kernel": lambda r: fwd(x3, w, out3, rstd_out, redo, w_floor, r),
-        "bwd kernel": lambda r: bwd(g3, x3, w, w32, rstd, out3, parts, redo, redo_dw, r),
+        "bwd kernel": lambda r: bwd(g3, x3, w, w32, rstd, out3, parts, redo, redo_dw,
+                                    K._tail(x3), r),
     }
     for call in calls.values():
         call(1)  # compile
