@@ -32,7 +32,8 @@ Rare rows of the common calls
     the float32 route, a scaled float64 row, a Σ dxhat·x outside [SS_LO, SS_HI]) in a per-row
     array; after the kernel, ``_rms_fwd_redo``, ``_rms_bwd_redo``, ``_ln_fwd_redo`` or
     ``_ln_bwd_redo`` writes the flagged rows again with the unpipelined row code, so they have
-    its bits. Rare-path code then never enters the common kernels' compilation, and the row
+    its bits (and ``_rms_bwd_dweight_again`` sums the dweight row of a flagged part again:
+    bfloat16's float32 dx route, ``_gx_exact``). Rare-path code then never enters the common kernels' compilation, and the row
     loop holds no call (a call site costs registers: the backward at N = 512 ran 6-19 % faster
     per element in cache without them). The fused residual kernels do the same
     (``_add_fwd_redo``, ``_add_bwd_redo``).
