@@ -28,14 +28,14 @@ RMSNorm backward
                      Σ dxhat·x, after computing rstd (``_rms_rstd``) when none was saved; every
                      other call runs ``_rms_bwd_v3`` (the same lanes, a row at a time).
 Rare rows of the common calls
-    The pipelined RMSNorm and LayerNorm kernels only flag a rare row (a half output outside
-    the float32 route, a scaled float64 row, a Σ dxhat·x outside [SS_LO, SS_HI]) in a per-row
-    array; after the kernel, ``_rms_fwd_redo``, ``_rms_bwd_redo``, ``_ln_fwd_redo`` or
-    ``_ln_bwd_redo`` writes the flagged rows again with the unpipelined row code, so they have
-    its bits (and ``_rms_bwd_dweight_again`` sums the dweight row of a flagged part again:
-    bfloat16's float32 dx route, ``_gx_exact``). Rare-path code then never enters the common kernels' compilation, and the row
-    loop holds no call (a call site costs registers: the backward at N = 512 ran 6-19 % faster
-    per element in cache without them). The fused residual kernels do the same
+    The pipelined RMSNorm and LayerNorm kernels only flag a rare row (a half output outside the
+    float32 route, a scaled float64 row, a Σ dxhat·x outside [SS_LO, SS_HI]) in a per-row array;
+    after the kernel, ``_rms_fwd_redo``, ``_rms_bwd_redo``, ``_ln_fwd_redo`` or ``_ln_bwd_redo``
+    writes the flagged rows again with the unpipelined row code, so they have its bits (and
+    ``_rms_bwd_dweight_again`` sums the dweight row of a flagged part again: bfloat16's float32 dx
+    route, ``_gx_exact``). Rare-path code then never enters the common kernels' compilation, and
+    the row loop holds no call (a call site costs registers: the backward at N = 512 ran 6-19 %
+    faster per element in cache without them). The fused residual kernels do the same
     (``_add_fwd_redo``, ``_add_bwd_redo``).
 Fused residual add + RMSNorm and LayerNorm, written the same way
     ``_add_fwd_rows`` h = x + residual; Σh² in the 64 lanes, storing new_residual on the way;
