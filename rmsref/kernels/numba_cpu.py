@@ -1390,8 +1390,8 @@ def _rms_bwd_common(dy3, x3, w, rstd_in, dx3, dw_parts, t0, t1, w32=None):
     r0, r1 = _task_rows_py(m, t0, t1, ROWS_PER_PART)
     redo = np.empty(m, np.bool_)  # only rows [r0, r1) are written and read
     redo_dw = np.empty(dw_parts.shape[0], np.bool_)  # only parts [t0, t1)
-    _rms_bwd_pipelined(dy3, x3, w, w32, rstd_in, dx3, dw_parts, redo, redo_dw, _tail(x3), t0,
-                       t1)
+    tail = None if w32 is None else _tail(x3)  # the float64 row has its tail loop anyway
+    _rms_bwd_pipelined(dy3, x3, w, w32, rstd_in, dx3, dw_parts, redo, redo_dw, tail, t0, t1)
     if redo[r0:r1].any():
         _rms_bwd_redo(dy3, x3, w, w32, rstd_in, dx3, redo, r0, r1)
     if redo_dw[t0:t1].any():
