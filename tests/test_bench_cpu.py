@@ -238,7 +238,7 @@ def test_halfbwd_compensated_row_is_the_kernels_float32_row():
     @njit
     def both(g3, x3, w, w32, dx_a, dx_b, parts_a, parts_b):
         a = K._bwd_row_and_dot_f32(g3, x3, 0, 0, w, w32, 0.7, 0.03, dx_a, parts_a, 0, 0,
-                                   1, None)
+                                   1, None, None)
         b = rebuilt(g3, x3, 0, 0, w, w32, 0.7, 0.03, dx_b, parts_b, np.zeros(1, np.float32),
                     0, 0, 1, np.float32(0.0))
         return a[0], b[0], a[1], b[1]

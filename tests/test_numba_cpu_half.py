@@ -469,6 +469,77 @@ def test_a_strided_bfloat16_backward_has_the_contiguous_bits(rng):
     assert (err <= tolerance.ulp(want, np.float32)).all(), "dweight"
 
 
+@pytest.mark.skipif(not hb.BF16_HW_FLUSHED, reason="the CPU Numba compiles for has no "
+                    "AVX512-BF16 and AVX512-DQ: the backward keeps the integer bfloat16 rounding")
+def test_the_flagged_block_store_flags_exactly_the_subnormal_lanes():
+    """``store_lanes_flushed`` stores ``store_lanes``'s bits and returns True exactly where a
+    lane is a nonzero float32 subnormal (of either sign, in any of the four vectors), which
+    the CPU's rounding flushes to zero: not for ±0, the smallest normal values, inf or NaN."""
+    from numba import njit
+
+    @njit
+    def both(lanes, a3, b3):
+        hb.store_lanes(lanes, a3, (0, 0, 0))
+        return hb.store_lanes_flushed(lanes, b3, (0, 0, 0))
+
+    base = np.linspace(-3.0, 3.0, 64).astype(np.float32)
+    quiet = [0.0, -0.0, 2.0**-126, -(2.0**-126), np.inf, -np.inf, np.nan]
+    for lane in (0, 17, 40, 63):
+        for value, flagged in [(v, False) for v in quiet] + [(2.0**-127, True),
+                                                             (-(2.0**-149), True)]:
+            lanes = base.copy()
+            lanes[lane] = value
+            a3, b3 = np.empty((1, 1, 64), np.int16), np.empty((1, 1, 64), np.int16)
+            assert both(lanes, a3, b3) == flagged, (lane, value)
+            np.testing.assert_array_equal(a3, b3)
+
+
+def test_the_backward_routes_a_bfloat16_dx_by_the_cpu_and_the_layout():
+    """``_dx_by_cpu`` gives True (the CPU's block rounding) only for a C-contiguous bfloat16
+    dx on a CPU with AVX512-BF16 and AVX512-DQ; a strided bfloat16 dx and a float16 one get
+    None (the integer rounding of each element)."""
+    dx3 = K._bits(np.zeros((1, 2, 64), BF16))
+    assert K._dx_by_cpu(dx3) is (True if hb.BF16_HW_FLUSHED else None)
+    assert K._dx_by_cpu(K._bits(np.zeros((1, 2, 128), BF16))[:, :, ::2]) is None
+    assert K._dx_by_cpu(K._bits(np.zeros((1, 2, 64), np.float16))) is None
+
+
+def test_a_subnormal_bfloat16_dx_keeps_its_bits(rng):
+    """A dx whose float32 value is subnormal (dy_j a bfloat16 subnormal where x_j = 0, so
+    dx_j = rstd·dy_j·w_j) is not flushed to zero by the CPU's rounding: its row is flagged
+    and written again, with the integer rounding's bits, which a strided ``out`` (element by
+    element) gives too, and which equal the oracle's. In rows of 200 (three blocks and a
+    tail): in a block's first and last element, and in the tail (no block store there);
+    a dx of exactly 0 (dy_j = x_j = 0) is not flagged."""
+    m, n = 70, 200
+    x = rng.standard_normal((m, n)).astype(BF16)
+    dy = rng.standard_normal((m, n)).astype(BF16)
+    w = rng.uniform(0.5, 1.5, n).astype(BF16)
+    for r, j in ((3, 0), (3, 127), (40, 63), (69, 199)):
+        x[r, j] = 0.0
+        dy[r, j] = 2.0**-130 * (1 if j % 2 else -1)
+    x[10, 60:70], dy[10, 60:70] = 0.0, 0.0  # dx_j = 0 exactly
+    _, rstd = K.rms_norm_forward(x, n, w)
+    got = K.rms_norm_backward(dy, x, n, w, rstd=rstd)
+    want = rmsref.rms_norm_backward(dy, x, n, w, rstd=rstd)
+    np.testing.assert_array_equal(got.dx.view(np.uint16), want.dx.view(np.uint16))
+    tiny = np.abs(got.dx.astype(np.float32)[[3, 3, 40, 69], [0, 127, 63, 199]])
+    assert ((tiny > 0) & (tiny < 2.0**-126)).all()  # subnormal, not flushed
+    out = np.empty((m, 2 * n), BF16)[:, ::2]
+    K.rms_norm_backward(dy, x, n, w, rstd=rstd, out=out)
+    np.testing.assert_array_equal(out.view(np.uint16), got.dx.view(np.uint16))
+    g3, x3 = K._bits(dy.reshape(1, m, n)), K._bits(x.reshape(1, m, n))
+    dx3 = np.empty_like(x3)
+    w64 = w.astype(np.float64)
+    w32 = K._f32_weight(g3, x3, dx3, w64)
+    parts = np.empty((-(-m // K.ROWS_PER_PART), n))
+    redo, redo_dw = np.empty(m, np.bool_), np.empty(parts.shape[0], np.bool_)
+    K._rms_bwd_pipelined(g3, x3, w64, w32, rstd.reshape(-1).astype(np.float64), dx3, parts,
+                         redo, redo_dw, K._tail(x3), K._dx_by_cpu(dx3), 0, parts.shape[0])
+    flagged = [3, 40] if hb.BF16_HW_FLUSHED else []  # row 69's is in the tail: integer
+    assert list(np.flatnonzero(redo)) == flagged
+
+
 @pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float16)], ids=["bfloat16", "float16"])
 def test_the_pipelined_backward_flags_a_part_by_its_rows_magnitudes(rng, dtype):
     """``_rms_bwd_pipelined`` flags part p (``redo_dw[p]``) for its dweight to be summed again
@@ -496,7 +567,7 @@ def test_the_pipelined_backward_flags_a_part_by_its_rows_magnitudes(rng, dtype):
     rstd = 1.0 / np.sqrt(np.mean(np.square(x.astype(np.float64)), axis=1))
     parts = np.empty((m // per, n))
     redo, redo_dw = np.empty(m, np.bool_), np.empty(m // per, np.bool_)
-    K._rms_bwd_pipelined(g3, x3, w, w32, rstd, dx3, parts, redo, redo_dw, None, 0, m // per)
+    K._rms_bwd_pipelined(g3, x3, w, w32, rstd, dx3, parts, redo, redo_dw, None, None, 0, m // per)
     assert list(np.flatnonzero(redo_dw)) == flagged
 
 

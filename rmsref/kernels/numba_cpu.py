@@ -142,7 +142,11 @@ Numerical contract
   values: a bound per row (``_y_normal``: the row's smallest nonzero |x| times rstd, and that
   times the smallest nonzero |w'|) shows every y of the row to be one, or sends the row to
   ``_rms_write``, which tests each element, so no bit depends on the CPU or on the bound; the
-  same bound replaces the per-element test of x·rstd for underflow in that loop.
+  same bound replaces the per-element test of x·rstd for underflow in that loop. The pipelined
+  backward's float32 bfloat16 dx (into a contiguous output) is rounded by the CPU too
+  (``_halfbits.store_lanes_flushed``), where a bound per row is not to be had (dx comes from
+  a difference): the store itself reports a subnormal dx (one ``vfpclassps`` per 16 values),
+  and that row is written again with the integer rounding.
   ``_halfbits.to_work``/``from_work``/``outside_work`` choose the working precision per output
   type, so one kernel source serves every dtype, and flag the rows to write again
   (``_rms_write_general``, ``_bwd_dx_exact``, ``_ln_write_exact``, ``_ln_dx_exact``,
@@ -204,6 +208,7 @@ from rmsref._shapes import (
 from rmsref.kernels._halfbits import (
     BF16_BITS,
     BF16_HW,
+    BF16_HW_FLUSHED,
     F16_BITS,
     F32_BITS_TO_INF,
     _fma,
@@ -219,6 +224,7 @@ from rmsref.kernels._halfbits import (
     rounded_like,
     smallest_magnitude,
     store_lanes,
+    store_lanes_flushed,
     sum_to,
     to_f64,
     to_work,
@@ -1233,7 +1239,8 @@ def _bwd_row_and_dot(g3, x3, b, i, w, rstd_s, c, dx3, dw_parts, p, b1, i1):
 
 
 @njit(**_INL)
-def _bwd_row_and_dot_f32(g3, x3, b, i, w, w32, rstd_s, c, dx3, dw_parts, p, b1, i1, tail):
+def _bwd_row_and_dot_f32(g3, x3, b, i, w, w32, rstd_s, c, dx3, dw_parts, p, b1, i1, tail,
+                         hw):
     """``_bwd_row_and_dot`` on the float32 dx route: dx as ``_dx_f32_row`` writes it, the
     dweight terms (g·x)·rstd (``_dweight_term``) from the block's float32 g·x, in a float64
     loop of their own (float64 work inside the float32 loop made LLVM give all of it
@@ -1245,9 +1252,13 @@ def _bwd_row_and_dot_f32(g3, x3, b, i, w, w32, rstd_s, c, dx3, dw_parts, p, b1, 
 
     ``tail``: None where the row length is a multiple of LANES, else True: a type, so a kernel
     for such rows is compiled without the loop over a row's tail, which took about a fifth of
-    the backward's first call to compile (bench/compile.py)."""
+    the backward's first call to compile (bench/compile.py). ``hw``: None, or True where the
+    CPU rounds the block's dx to bfloat16 (``_dx_by_cpu``): one ``store_lanes`` per block in
+    place of 64 integer roundings, and a nonzero |dx| below float32's normal range (which the
+    CPU flushes to zero) flags the row, written again with the integer rounding."""
     n = x3.shape[2]
     acc = _lanes()
+    dx_blk = _lanes32()  # the block's float32 dx, for ``store_lanes``
     gx_blk = _lanes32()  # the block's g·x, exact in float32 where ``_gx_exact``
     lo, hi = _key_lanes(x3), _key_lanes(x3)  # for ``_gx_exact`` (bfloat16)
     gs, rs, rc = _dx_scale(rstd_s, c, dx3)
@@ -1265,9 +1276,15 @@ def _bwd_row_and_dot_f32(g3, x3, b, i, w, w32, rstd_s, c, dx3, dw_parts, p, b1, 
             xj = to_work(x3[b, i, j], dx3)
             t = _dxhat_minus_proj(g * gs, xj, w32[j], rc_hi, rc_lo)  # (5)-(6), scaled by 2^e
             dxj = rs32 * t  # (7)
-            dx3[b, i, j] = from_work(dxj, dx3)
-            outside |= outside_work(dxj, dx3)
+            if hw is None:
+                dx3[b, i, j] = from_work(dxj, dx3)
+                outside |= outside_work(dxj, dx3)
+            else:
+                dx_blk[lane] = dxj
+                outside |= outside_work(dxj, dx3)
             gx_blk[lane] = g * xj
+        if hw is not None:  # (7) rounded by the CPU; a subnormal dx flags the row
+            outside |= store_lanes_flushed(dx_blk, dx3, (b, i, j0))
         _gx_keys(lo, hi, g3, x3, (b, i, j0), dx3)
         for lane in range(LANES):
             dw_parts[p, j0 + lane] += np.float64(gx_blk[lane]) * rstd_s  # (8)
@@ -1288,6 +1305,14 @@ def _bwd_row_and_dot_f32(g3, x3, b, i, w, w32, rstd_s, c, dx3, dw_parts, p, b1, 
     return _lane_tree(acc), outside, not _gx_exact(lo, hi, dx3)
 
 
+def _dx_by_cpu(dx3: np.ndarray) -> bool | None:
+    """True where the float32 route's bfloat16 dx is rounded by the CPU
+    (``store_lanes_flushed``: ``_halfbits.BF16_HW_FLUSHED``, a C-contiguous bfloat16 dx),
+    else None: a type, as ``_tail``, so the kernel is compiled with one of the two stores."""
+    return (True if BF16_HW_FLUSHED and dx3.dtype == BF16_BITS and dx3.flags.c_contiguous
+            else None)
+
+
 @njit(**_SER)
 def _bwd_dx_exact(g3, x3, b, i, w, rstd_s, c, dx3):
     """Row (b, i)'s dx of ``_bwd_row_and_dot`` again, rounded by ``from_f64`` (a half row with
@@ -1299,7 +1324,8 @@ def _bwd_dx_exact(g3, x3, b, i, w, rstd_s, c, dx3):
 
 
 @njit(**_PAR)
-def _rms_bwd_pipelined(dy3, x3, w, w32, rstd_in, dx3, dw_parts, redo, redo_dw, tail, t0, t1):
+def _rms_bwd_pipelined(dy3, x3, w, w32, rstd_in, dx3, dw_parts, redo, redo_dw, tail, hw, t0,
+                       t1):
     """v5's kernel: v4's pipelined loop for the common call only (saved rstd, K = N, a weight,
     no bias), with no branch for the other calls, and every row of a part through the loop
     (the part's last row sums its own Σ dxhat·x again, unused).
@@ -1312,7 +1338,8 @@ def _rms_bwd_pipelined(dy3, x3, w, w32, rstd_in, dx3, dw_parts, redo, redo_dw, t
     ``_f32_dx_row`` is flagged too), chosen when the kernel is compiled (None is a type). On
     that route a bfloat16 part whose dweight terms took a g·x that may not be exact is flagged
     in ``redo_dw[p]`` and summed again by ``_rms_bwd_dweight_again``; ``tail`` (None or True,
-    ``_tail``) says whether that route's row needs its loop over a row's tail."""
+    ``_tail``) says whether that route's row needs its loop over a row's tail, and ``hw``
+    (None or True, ``_dx_by_cpu``) whether the CPU rounds its dx."""
     _wide_vectors_for(x3)
     nr = x3.shape[1]
     m = x3.shape[0] * nr
@@ -1335,7 +1362,7 @@ def _rms_bwd_pipelined(dy3, x3, w, w32, rstd_in, dx3, dw_parts, redo, redo_dw, t
                                                    p, b1, i1)
             else:
                 s_next, outside, lost = _bwd_row_and_dot_f32(dy3, x3, b, i, w, w32, rstd_s, c,
-                                                             dx3, dw_parts, p, b1, i1, tail)
+                                                             dx3, dw_parts, p, b1, i1, tail, hw)
                 redo_dw[p] |= lost
             redo[r] = outside or not SS_LO <= abs(s) <= SS_HI
             s = s_next
@@ -1391,7 +1418,8 @@ def _rms_bwd_common(dy3, x3, w, rstd_in, dx3, dw_parts, t0, t1, w32=None):
     redo = np.empty(m, np.bool_)  # only rows [r0, r1) are written and read
     redo_dw = np.empty(dw_parts.shape[0], np.bool_)  # only parts [t0, t1)
     tail = None if w32 is None else _tail(x3)  # the float64 row has its tail loop anyway
-    _rms_bwd_pipelined(dy3, x3, w, w32, rstd_in, dx3, dw_parts, redo, redo_dw, tail, t0, t1)
+    hw = None if w32 is None else _dx_by_cpu(dx3)
+    _rms_bwd_pipelined(dy3, x3, w, w32, rstd_in, dx3, dw_parts, redo, redo_dw, tail, hw, t0, t1)
     if redo[r0:r1].any():
         _rms_bwd_redo(dy3, x3, w, w32, rstd_in, dx3, redo, r0, r1)
     if redo_dw[t0:t1].any():
@@ -1443,7 +1471,7 @@ def _f32_weight(dy3: np.ndarray, x3: np.ndarray, dx3: np.ndarray,
 
     dweight's terms are (g·x)·rstd in float64 from the float32 g·x: exact for float16 (22
     bits within 2^+-32); for bfloat16 exact unless it leaves float32's normal range, where
-    the loop flags the part (``_gx_lost``) and its row is summed again from float64 products.
+    the loop flags the part (``_gx_exact``) and its row is summed again from float64 products.
     """
     fmt = dy3.dtype
     if not (fmt == x3.dtype == dx3.dtype and fmt in F32_DX_WEIGHT_BITS):
