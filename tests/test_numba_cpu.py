@@ -571,3 +571,39 @@ def test_forked_child_runs_the_kernels(rng):
     answer = os.read(read_end, 4) if ready else b"hung"
     os.close(read_end)
     assert answer == b"same", f"the forked child answered {answer!r}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rows_of_zero_dy_are_not_written_again(rng, monkeypatch, dtype):
+    """Rows of dy = ±0 (tokens the loss leaves out, often half a batch) keep the pipelined
+    backward's bits: Σ dxhat·x is +0 and c = +0 also where the general path sums it again, so
+    neither RMSNorm's nor the fused add's pipelined kernel flags them to be written again
+    (which ran one row at a time, on one thread). dx and dweight equal the general path's
+    bits (v3, through ``bias=``), and the zero rows' dx, ±0 by the signs of x and w, the
+    oracle's, as are the fused add's."""
+    m, n = 130, 200
+    x, r, dy = (_data(rng, (m, n), dtype) for _ in range(3))
+    dy[:65] = 0.0
+    dy[3, ::3] = -0.0
+    dy[64, 7] = -0.0
+    w = _data(rng, n, dtype)
+    w[5] = 0.0
+
+    def no_redo(*args):
+        raise AssertionError("a row of the call was written again")
+
+    monkeypatch.setattr(K, "_rms_bwd_redo", no_redo)
+    monkeypatch.setattr(K, "_add_bwd_redo", no_redo)
+    _, rstd = K.rms_norm_forward(x, n, w)
+    fast = K.rms_norm_backward(dy, x, n, w, rstd=rstd)
+    general = K.rms_norm_backward(dy, x, n, w, rstd=rstd, bias=w)
+    bits = np.dtype(f"u{np.dtype(dtype).itemsize}")
+    np.testing.assert_array_equal(fast.dx.view(bits), general.dx.view(bits))
+    np.testing.assert_array_equal(fast.dweight.view(bits), general.dweight.view(bits))
+    want = rmsref.rms_norm_backward(dy, x, n, w, rstd=rstd)
+    np.testing.assert_array_equal(fast.dx[:65].view(bits), want.dx[:65].view(bits))
+    assert (fast.dx[:65] == 0).all() and np.signbit(fast.dx[:65]).any()
+    *_, rstd_h = K.add_rms_norm_forward(x, r, n, w)
+    got = K.add_rms_norm_backward(dy, None, x, r, n, w, rstd=rstd_h)
+    want = rmsref.add_rms_norm_backward(dy, None, x, r, n, w, rstd=rstd_h)
+    np.testing.assert_array_equal(got.dx[:65].view(bits), want.dx[:65].view(bits))

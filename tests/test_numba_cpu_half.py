@@ -320,8 +320,9 @@ def test_the_float32_dx_route_is_taken_only_where_it_is_exact(dtype):
     """``_f32_weight``: dy, x and dx of one half format with a weight of at most 13
     significant bits (float16; bfloat16: 16) within 2^+-100 (a weight of that format, 0
     included) take the float32 dx; a weight with one bit more, one outside the range, inf or
-    NaN, mixed formats and float32 rows do not. ``_f32_dx_row``: a row whose rstd or scaled
-    |rstd·c| leaves 2^+-100 (0 and NaN included) does not."""
+    NaN, mixed formats and float32 rows do not. ``_f32_dx_row``: a row whose rstd (0 and NaN
+    included) or nonzero scaled |rstd·c| (NaN included) leaves 2^+-100 does not; rstd·c = ±0
+    (a row of dy = 0) does."""
     n = 8
     bits = 13 if dtype == np.float16 else 16
     h = K._bits(np.zeros((1, 2, n), dtype))
@@ -340,8 +341,10 @@ def test_the_float32_dx_route_is_taken_only_where_it_is_exact(dtype):
         assert K._f32_weight(dy3, x3, dx3, half_w) is None, (dy3.dtype, x3.dtype, dx3.dtype)
     assert K._f32_dx_row(1.0, 0.5) and K._f32_dx_row(2.0**100, 2.0**-100)
     assert K._f32_dx_row(2.0**-100, -(2.0**100))
+    assert K._f32_dx_row(1.0, 0.0) and K._f32_dx_row(2.0**100, -0.0)
     for rstd, rc in ((2.0**101, 1.0), (2.0**-101, 1.0), (1.0, 2.0**101), (1.0, 2.0**-101),
-                     (1.0, 0.0), (np.nan, 1.0), (1.0, np.nan), (1.0, np.inf)):
+                     (1.0, 2.0**-1074), (0.0, 0.0), (np.nan, 1.0), (1.0, np.nan),
+                     (1.0, np.inf)):
         assert not K._f32_dx_row(rstd, rc), (rstd, rc)
 
 

@@ -949,6 +949,23 @@ def _coef_from_xhat(g3, x3, b, i, w, kf, rstd_s, k):
     return c / kf
 
 
+@njit(**_INL)
+def _c_in_range(s, rstd_s, g3, b, i):
+    """Whether the pipelined backward's c = s·rstd_s/N of row (b, i) is ``_coef``'s (so the row
+    need not be written again): s within [SS_LO, SS_HI], or s = 0 from a row of dy = ±0 (a
+    token the loss leaves out) with a finite positive rstd. Every term of s is then ±0 and
+    the sum starts from +0, so c = +0 also where ``_coef`` sums it again. (A half batch of
+    such rows, written again one by one on one thread, took four times the call's time.)"""
+    if SS_LO <= abs(s) <= SS_HI:
+        return True
+    if s != 0 or not 0 < rstd_s < math.inf:
+        return False
+    nonzero = False
+    for j in range(g3.shape[2]):
+        nonzero |= to_f64(g3[b, i, j]) != 0  # NaN too
+    return not nonzero
+
+
 #: The compensated float32 dx (``_dxhat_minus_proj``) takes a row whose rstd and scaled
 #: |rstd·c| (``_dx_scale``) lie within 2^+-F32_DX_RANGE (``_f32_dx_row``): rstd·c then splits
 #: into two float32 parts that carry it to 2^-47 of itself, and no product of a float16
@@ -982,10 +999,10 @@ def _dxhat_minus_proj(g, xj, wj, rc_hi, rc_lo):
 
 @njit(**_INL)
 def _f32_dx_row(rstd_s, rc):
-    """Whether a row may take the float32 dx: rstd and rc = rstd·c·2^e (``_dx_scale``) within
-    2^+-F32_DX_RANGE (False for 0 and NaN)."""
+    """Whether a row may take the float32 dx: rstd within 2^+-F32_DX_RANGE (False for 0 and
+    NaN) and rc = rstd·c·2^e (``_dx_scale``) too, or 0 (a row of dy = 0: dx = rstd·dy·w)."""
     lo, hi = 2.0**-F32_DX_RANGE, 2.0**F32_DX_RANGE
-    return lo <= rstd_s <= hi and lo <= abs(rc) <= hi
+    return lo <= rstd_s <= hi and (lo <= abs(rc) <= hi or rc == 0)
 
 
 @intrinsic
@@ -1364,7 +1381,7 @@ def _rms_bwd_pipelined(dy3, x3, w, w32, rstd_in, dx3, dw_parts, redo, redo_dw, t
                 s_next, outside, lost = _bwd_row_and_dot_f32(dy3, x3, b, i, w, w32, rstd_s, c,
                                                              dx3, dw_parts, p, b1, i1, tail, hw)
                 redo_dw[p] |= lost
-            redo[r] = outside or not SS_LO <= abs(s) <= SS_HI
+            redo[r] = outside or not _c_in_range(s, rstd_s, dy3, b, i)
             s = s_next
             b, i = b1, i1
 
@@ -1908,7 +1925,7 @@ def _add_bwd_pipelined_rows(dy3, dro3, has_dro, x3, r3, like, w, rstd_in, dx3, d
             b1, i1 = _row_after(b, i, nr, r + 1 == r1)  # the row summed while r is written
             rstd_s = rstd_in[r]
             c = s * rstd_s / x3.shape[2]  # (6), as ``_add_coef`` for s in [SS_LO, SS_HI]
-            redo[r] = not SS_LO <= abs(s) <= SS_HI
+            redo[r] = not _c_in_range(s, rstd_s, dy3, b, i)
             s = _add_dh_and_dot(dy3, dro3, has_dro, x3, r3, like, b, i, w, rstd_s, c, dx3,
                                 dr3, dw_parts, p, b1, i1)
             b, i = b1, i1
