@@ -237,6 +237,7 @@ def _blocks_over_rows(rng, dtype):
     return base[:, :3, :], np.ascontiguousarray(base[:, :3, :])
 
 
+@pytest.mark.slow  # compiles every kernel for strided rows: a fifth of a minute on 2 cores
 def test_more_blocks_than_rows_per_block_computes_every_row(monkeypatch, rng):
     """The strided layout (40 blocks of 3 rows) gives the contiguous array's bits, threaded,
     and the oracle's values."""
