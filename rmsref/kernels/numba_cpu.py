@@ -36,7 +36,8 @@ Rare rows of the common calls
     route, ``_gx_exact``). Rare-path code then never enters the common kernels' compilation, and
     the row loop holds no call (a call site costs registers: the backward at N = 512 ran 6-19 %
     faster per element in cache without them). The fused residual kernels do the same
-    (``_add_fwd_redo``, ``_add_bwd_redo``).
+    (``_add_fwd_redo``, ``_add_bwd_redo``). A row of dy = ±0 (a token the loss leaves out) has
+    Σ dxhat·x = +0 but is not rare and is not flagged (``_c_in_range``): c = +0 either way.
 Fused residual add + RMSNorm and LayerNorm, written the same way
     ``_add_fwd_rows`` h = x + residual; Σh² in the 64 lanes, storing new_residual on the way;
                       a thread's rows pipelined as RMSNorm's (y of row r while Σh² of
@@ -1270,12 +1271,12 @@ def _bwd_row_and_dot_f32(g3, x3, b, i, w, w32, rstd_s, c, dx3, dw_parts, p, b1, 
     ``tail``: None where the row length is a multiple of LANES, else True: a type, so a kernel
     for such rows is compiled without the loop over a row's tail, which took about a fifth of
     the backward's first call to compile (bench/compile.py). ``hw``: None, or True where the
-    CPU rounds the block's dx to bfloat16 (``_dx_by_cpu``): one ``store_lanes`` per block in
-    place of 64 integer roundings, and a nonzero |dx| below float32's normal range (which the
-    CPU flushes to zero) flags the row, written again with the integer rounding."""
+    CPU rounds the block's dx to bfloat16 (``_dx_by_cpu``): one ``store_lanes_flushed`` per
+    block in place of 64 integer roundings, and a nonzero |dx| below float32's normal range
+    (which the CPU flushes to zero) flags the row, written again with the integer rounding."""
     n = x3.shape[2]
     acc = _lanes()
-    dx_blk = _lanes32()  # the block's float32 dx, for ``store_lanes``
+    dx_blk = _lanes32()  # the block's float32 dx, for ``store_lanes_flushed``
     gx_blk = _lanes32()  # the block's g·x, exact in float32 where ``_gx_exact``
     lo, hi = _key_lanes(x3), _key_lanes(x3)  # for ``_gx_exact`` (bfloat16)
     gs, rs, rc = _dx_scale(rstd_s, c, dx3)
@@ -1295,10 +1296,9 @@ def _bwd_row_and_dot_f32(g3, x3, b, i, w, w32, rstd_s, c, dx3, dw_parts, p, b1, 
             dxj = rs32 * t  # (7)
             if hw is None:
                 dx3[b, i, j] = from_work(dxj, dx3)
-                outside |= outside_work(dxj, dx3)
             else:
                 dx_blk[lane] = dxj
-                outside |= outside_work(dxj, dx3)
+            outside |= outside_work(dxj, dx3)
             gx_blk[lane] = g * xj
         if hw is not None:  # (7) rounded by the CPU; a subnormal dx flags the row
             outside |= store_lanes_flushed(dx_blk, dx3, (b, i, j0))
