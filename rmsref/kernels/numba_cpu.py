@@ -1348,7 +1348,8 @@ def _rms_bwd_pipelined(dy3, x3, w, w32, rstd_in, dx3, dw_parts, redo, redo_dw, t
     (the part's last row sums its own Σ dxhat·x again, unused).
 
     A rare row is only flagged here (``redo[r]``: its Σ dxhat·x left [SS_LO, SS_HI], so c must
-    be summed again, or its dx left the half format's normal range) and written again
+    be summed again (not for a row of dy = 0: ``_c_in_range``), or its dx left the half
+    format's normal range) and written again
     afterwards by ``_rms_bwd_redo`` (``_rms_bwd_common`` calls both): the rare paths' code then
     stays out of this kernel, whose first call compiles faster (bench/compile.py).
     ``w32`` not None: the float32 dx route (``_bwd_row_and_dot_f32``; a row outside
@@ -1908,8 +1909,9 @@ def _add_bwd_pipelined_rows(dy3, dro3, has_dro, x3, r3, like, w, rstd_in, dx3, d
                             dw_parts, redo, t0, t1):
     """The common call (a saved rstd in range, a weight), as ``_rms_bwd_pipelined``: every row
     of a part through one loop that writes row r's dh while summing row r + 1's Σ dxhat·h (the
-    part's last row sums itself again, unused); a row whose Σ dxhat·h left [SS_LO, SS_HI] is
-    flagged in ``redo`` and written again by ``_add_bwd_redo``. Inlined with ``has_dro`` a
+    part's last row sums itself again, unused); a row whose Σ dxhat·h left [SS_LO, SS_HI]
+    (``_c_in_range``: not a row of dy = 0) is flagged in ``redo`` and written again by
+    ``_add_bwd_redo``. Inlined with ``has_dro`` a
     constant."""
     nr = x3.shape[1]
     m = x3.shape[0] * nr
