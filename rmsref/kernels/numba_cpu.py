@@ -444,14 +444,12 @@ def _block_bytes(typingctx, a):
     (``a.itemsize`` is read from the array at run time, which left the prefetch loops below
     as loops with a trip count to test, not the two to eight requests they are). LLVM IR: as
     an overload it was a function of its own, compiled in 0.02-0.1 s (bench/compile.py)."""
-    from llvmlite import ir
-
     if not isinstance(a, types.Array):
         return None
     size = LANES * (a.dtype.bitwidth // 8)
 
     def codegen(context, builder, signature, args):
-        return ir.Constant(ir.IntType(64), size)
+        return context.get_constant(types.intp, size)
 
     return types.intp(a), codegen
 
