@@ -204,7 +204,7 @@ def speed(dtype: np.dtype, n: int, reps: int, rounds: int) -> dict[str, float]:
     w32 = w.astype(np.float32)
     parts, dw32 = np.zeros((1, n)), np.zeros(n, np.float32)
     cancel = np.float32(2.0 ** -_precision(dtype))
-    hw = K._dx_by_cpu(dx3)  # the shipped row's store of dx (rows here are a multiple of 64)
+    hw = K._bf16_by_cpu(dx3)  # the shipped row's store of dx (rows here are a multiple of 64)
     loops = {"shipped": _timed(None)}
     if np.dtype(dtype).itemsize == 2:  # the float32 dx route is for half rows only
         loops["shipped float32 dx"] = _timed("f32")

@@ -100,12 +100,13 @@ def _kernels():
         return t
 
     @njit(**opts)
-    def add_fwd_row(x3, r3, w, y3, res3, reps):
+    def add_fwd_row(x3, r3, w, y3, res3, hw, reps):
         K._wide_vectors_for(x3)  # as the kernels: 512-bit vectors for half rows
         t = 0.0
         for rep in range(reps):
-            t += K._add_write_and_sumsq(x3, r3, None, 0, 0, w, y3, 1.0 + rep * 1e-9, res3,
-                                        0, 1)[0]
+            s, outside, y_flushed, res_flushed = K._add_write_and_sumsq(
+                x3, r3, None, 0, 0, w, y3, 1.0 + rep * 1e-9, res3, 0, 1, hw)
+            t += s + outside + y_flushed + res_flushed  # every result used
         return t
 
     @njit(**opts)
@@ -150,7 +151,7 @@ IN_CACHE_BYTES = 1 << 19
 
 def _f32_row_types(x3: np.ndarray, dx3: np.ndarray, w32: np.ndarray | None) -> tuple:
     """(tail, hw), as ``numba_cpu._rms_bwd_common`` chooses them for the float32 dx route."""
-    return (None, None) if w32 is None else (K._tail(x3), K._dx_by_cpu(dx3))
+    return (None, None) if w32 is None else (K._tail(x3), K._bf16_by_cpu(dx3))
 
 
 def in_cache(dtype: np.dtype, n: int, reps: int, rounds: int) -> dict[str, float]:
@@ -209,7 +210,8 @@ def measure(dtype: np.dtype, n: int, reps: int, rounds: int) -> dict[str, float]
         "fwd row": lambda r: fwd_row(x3, w, y3, w_floor, r),
         "write row": lambda r: write_row(x3, w, y3, r),
         "bwd row": lambda r: bwd_row(g3, x3, w, w32, y3, parts, *_f32_row_types(x3, y3, w32), r),
-        "add fwd row": lambda r: add_fwd_row(x3, r3, w, y3, res3, r),
+        "add fwd row": lambda r: add_fwd_row(x3, r3, w, y3, res3, K._add_by_cpu(x3, r3, y3, res3),
+                                             r),
         "add bwd row": lambda r: add_bwd_row(g3, x3, r3, w, y3, res3, parts, r),
     }
     for call in calls.values():

@@ -41,12 +41,12 @@ def _kernels(n: int, rows: int) -> dict:
     blocks = -(-rows // K.ROWS_PER_BLOCK)
     return {
         "LayerNorm bwd": (lambda: K._ln_bwd_pipelined(dy3, x3, w, mean, rstd, out3, False, parts,
-                                                       no_db, redo, 0, 1), (out3, parts)),
+                                                       no_db, redo, None, 0, 1), (out3, parts)),
         "RMSNorm bwd": (lambda: K._rms_bwd_pipelined(dy3, x3, w, None, rstd, out3, parts,
                                                      redo, redo_dw, None, None, 0, 1),
                         (out3, parts)),
-        "LayerNorm fwd": (lambda: K._ln_fwd(x3, w, w, 1e-5, out3, rstd_out, rstd_out, redo, 0,
-                                            blocks), (out3, rstd_out)),
+        "LayerNorm fwd": (lambda: K._ln_fwd(x3, w, w, 1e-5, out3, rstd_out, rstd_out, redo, None,
+                                            0, blocks), (out3, rstd_out)),
         "RMSNorm fwd": (lambda: K._rms_fwd_pipelined(x3, w, 1e-6, out3, rstd_out, redo,
                                                      K._weight_floor(w, x3, out3), 0, blocks),
                         (out3, rstd_out)),

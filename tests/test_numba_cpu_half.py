@@ -498,13 +498,13 @@ def test_the_flagged_block_store_flags_exactly_the_subnormal_lanes():
 
 
 def test_the_backward_routes_a_bfloat16_dx_by_the_cpu_and_the_layout():
-    """``_dx_by_cpu`` gives True (the CPU's block rounding) only for a C-contiguous bfloat16
+    """``_bf16_by_cpu`` gives True (the CPU's block rounding) only for a C-contiguous bfloat16
     dx on a CPU with AVX512-BF16 and AVX512-DQ; a strided bfloat16 dx and a float16 one get
     None (the integer rounding of each element)."""
     dx3 = K._bits(np.zeros((1, 2, 64), BF16))
-    assert K._dx_by_cpu(dx3) is (True if hb.BF16_HW_FLUSHED else None)
-    assert K._dx_by_cpu(K._bits(np.zeros((1, 2, 128), BF16))[:, :, ::2]) is None
-    assert K._dx_by_cpu(K._bits(np.zeros((1, 2, 64), np.float16))) is None
+    assert K._bf16_by_cpu(dx3) is (True if hb.BF16_HW_FLUSHED else None)
+    assert K._bf16_by_cpu(K._bits(np.zeros((1, 2, 128), BF16))[:, :, ::2]) is None
+    assert K._bf16_by_cpu(K._bits(np.zeros((1, 2, 64), np.float16))) is None
 
 
 def test_a_subnormal_bfloat16_dx_keeps_its_bits(rng):
@@ -538,9 +538,195 @@ def test_a_subnormal_bfloat16_dx_keeps_its_bits(rng):
     parts = np.empty((-(-m // K.ROWS_PER_PART), n))
     redo, redo_dw = np.empty(m, np.bool_), np.empty(parts.shape[0], np.bool_)
     K._rms_bwd_pipelined(g3, x3, w64, w32, rstd.reshape(-1).astype(np.float64), dx3, parts,
-                         redo, redo_dw, K._tail(x3), K._dx_by_cpu(dx3), 0, parts.shape[0])
+                         redo, redo_dw, K._tail(x3), K._bf16_by_cpu(dx3), 0, parts.shape[0])
     flagged = [3, 40] if hb.BF16_HW_FLUSHED else []  # row 69's is in the tail: integer
     assert list(np.flatnonzero(redo)) == flagged
+
+
+def _zero_mean_rows(rng, m, n, zeros):
+    """(m, n) bfloat16 rows of mean 0 exactly: ±v pairs, and 0 in the columns ``zeros``."""
+    x = np.zeros((m, n), BF16)
+    pairs = np.setdiff1d(np.arange(n), zeros)
+    assert pairs.size % 2 == 0
+    v = rng.uniform(0.5, 2.0, (m, pairs.size // 2)).astype(BF16)
+    x[:, pairs[::2]], x[:, pairs[1::2]] = v, -v
+    return x
+
+
+def _flagged_rows(redo):
+    return [int(r) for r in np.flatnonzero(redo)]
+
+
+def _twice_rounded_case(f, ss0, n, eps):
+    """(u, v, w0): bfloat16 values in [0.5, 1) and a bfloat16 subnormal w0 such that the y of
+    a row with Σ of squares ss0 + 2u² + 2v² (exact in float64), y = (f·rstd)·w0 with
+    rstd = 1/sqrt(ss/n + eps), is a float32 subnormal, and rounded to bfloat16 through float32
+    (the integer route: the float32 subnormal rounds first) differs from y rounded once: a row
+    where a y rewritten once-rounded would show."""
+    grid = np.arange(0x3F00, 0x3F80, dtype=np.uint16).view(BF16).astype(np.float64)
+    w0 = np.arange(1, 128, dtype=np.uint16).view(BF16).astype(np.float64)
+    for u in grid:
+        rstd = 1.0 / np.sqrt((ss0 + 2 * u * u + 2 * grid * grid) / n + eps)
+        y = (f * rstd)[:, None] * w0[None, :]
+        twice = y.astype(np.float32).astype(BF16).view(np.uint16)
+        once = hb.encode(y.ravel(), hb.BF16_BITS).reshape(y.shape).view(np.uint16)
+        hits = np.argwhere((twice != once) & (y < 2.0**-126))  # a float32 subnormal y
+        if hits.size:
+            i, k = hits[0]
+            return u, grid[i], w0[k]
+    raise AssertionError("no value rounds differently twice and once")
+
+
+def test_a_subnormal_bfloat16_layer_norm_y_keeps_its_bits(rng):
+    """LayerNorm's bfloat16 y rounded by the CPU (``_bf16_by_cpu``): a y whose float32 value is
+    subnormal (a weight of 2^-130 where x_j − mu is not 0) flags its row, which is written
+    again with the integer rounding, so the row has the bits a strided ``out`` (element by
+    element) gives. Rows of 200 (three blocks and a tail) of mean 0 exactly: y_j = 0 exactly
+    where x_j = 0 (not flagged); x_j = 1 in a block's first element (row 3) or last (row 40)
+    flags the row, in the tail (row 69) it does not (no block store there). Row 3's y_0 is
+    one that rounded once (as the rows with an inf are written again) would differ."""
+    m, n = 70, 200
+    tiny_cols = [0, 127, 199]
+    x = _zero_mean_rows(rng, m, n, tiny_cols + [50])
+    for r, j in ((3, 0), (40, 127), (69, 199)):
+        x[r, j], x[r, 50] = 1.0, -1.0  # the mean stays 0
+    w = rng.uniform(0.5, 1.5, n).astype(BF16)
+    w[tiny_cols] = 2.0**-130
+    # row 3: y_0 = rstd·w_0 rounds differently twice (the integer route) and once
+    pairs = np.setdiff1d(np.arange(n), tiny_cols + [50])
+    x[3, pairs[::2]], x[3, pairs[1::2]] = 1.0, -1.0
+    u, v, w[0] = _twice_rounded_case(1.0, 2.0 + 2.0 * (pairs.size // 2 - 2), n, 1e-5)
+    x[3, pairs[:4]] = u, -u, v, -v
+    b = np.zeros(n, BF16)
+    got = K.layer_norm_forward(x, n, w, b)[0]
+    out = np.empty((m, 2 * n), BF16)[:, ::2]
+    K.layer_norm_forward(x, n, w, b, out=out)
+    np.testing.assert_array_equal(got.view(np.uint16), out.view(np.uint16))
+    tiny = np.abs(got.astype(np.float32)[[3, 40, 69], tiny_cols])
+    assert ((tiny > 0) & (tiny < 2.0**-126)).all()  # subnormal, not flushed
+    want = rmsref.layer_norm_forward(x, n, w, b)[0]  # rounded once
+    assert got.view(np.uint16)[3, 0] != want.view(np.uint16)[3, 0]
+    x3, y3 = K._bits(x.reshape(1, m, n)), np.empty((1, m, n), np.int16)
+    mean, rstd, redo = np.empty(m, np.float32), np.empty(m, np.float32), np.empty(m, np.bool_)
+    K._ln_fwd(x3, w.astype(np.float64), b.astype(np.float64), 1e-5, y3, mean, rstd, redo,
+              K._bf16_by_cpu(y3), 0, -(-m // K.ROWS_PER_BLOCK))
+    assert _flagged_rows(redo) == ([3, 40] if hb.BF16_HW_FLUSHED else [])
+
+
+def _ln_dx_twice_rounded_case(x_row, mu, rstd, n):
+    """(c, w_c, g): a column c of the first three blocks, a bfloat16 weight in [0.5, 2) and a
+    bfloat16 subnormal g such that the dx_c of a row of dy = 0 but for dy_c = g (so Σ dxhat =
+    g·w_c and Σ dxhat·(x − mu) = g·w_c·(x_c − mu), as the kernel sums them, exactly) is a
+    float32 subnormal that rounds to bfloat16 differently through float32 and once; with its
+    two roundings' bits."""
+    w_c = np.arange(0x3F00, 0x4000, dtype=np.uint16).view(BF16).astype(np.float64)[:, None]
+    g = np.arange(1, 128, dtype=np.uint16).view(BF16).astype(np.float64)[None, :]
+    gw = g * w_c  # exact
+    for c in range(3 * 64):
+        d = x_row[c] - mu
+        c1, c2 = gw / n, (gw * d) * rstd / n  # (8)-(9)
+        dx = rstd * (gw - c1 - (d * rstd) * c2)  # (10), as the kernel's ``_ln_dx``
+        twice = dx.astype(np.float32).astype(BF16).view(np.uint16)
+        once = hb.encode(dx.ravel(), hb.BF16_BITS).reshape(dx.shape).view(np.uint16)
+        hits = np.argwhere((twice != once) & (np.abs(dx) < 2.0**-126))
+        if hits.size:
+            i, k = hits[0]
+            return c, w_c[i, 0], g[0, k], twice[i, k], once[i, k]
+    raise AssertionError("no dx rounds differently twice and once")
+
+
+def test_a_subnormal_bfloat16_layer_norm_dx_keeps_its_bits(rng):
+    """LayerNorm's bfloat16 dx rounded by the CPU: a row of dy = 0 but for one bfloat16
+    subnormal (in a block's element: rows 3 and 40) has every float32 dx below float32's
+    normal range, nonzero, and that element's a bfloat16 subnormal: the row is flagged and
+    written again with the integer rounding (a strided ``out``'s bits; row 3's element is
+    one whose two roundings differ, so a row rewritten once-rounded, as rows with an inf
+    are, would show); a row of dy = 0 (dx = 0 exactly, row 10) and ordinary rows are not
+    flagged."""
+    m, n = 70, 200
+    x = rng.standard_normal((m, n)).astype(BF16)
+    dy = rng.standard_normal((m, n)).astype(BF16)
+    w = rng.uniform(0.5, 1.5, n).astype(BF16)
+    b = np.zeros(n, BF16)
+    _, mean, rstd = K.layer_norm_forward(x, n, w, b)  # they do not depend on w
+    mu3, rstd3 = np.float64(mean.reshape(-1)[3]), np.float64(rstd.reshape(-1)[3])
+    c, w[c], g, twice, once = _ln_dx_twice_rounded_case(x[3].astype(np.float64), mu3, rstd3, n)
+    dy[3], dy[40] = 0.0, 0.0
+    dy[3, c], dy[40, 127] = g, 2.0**-130
+    dy[10] = 0.0
+    got = K.layer_norm_backward(dy, x, n, w, b, mean=mean, rstd=rstd)
+    out = np.empty((m, 2 * n), BF16)[:, ::2]
+    K.layer_norm_backward(dy, x, n, w, b, mean=mean, rstd=rstd, out=out)
+    np.testing.assert_array_equal(got.dx.view(np.uint16), out.view(np.uint16))
+    assert got.dx.view(np.uint16)[3, c] == twice != once
+    tiny = np.abs(got.dx.astype(np.float32)[[3, 40], [c, 127]])
+    assert ((tiny > 0) & (tiny < 2.0**-126)).all()  # subnormal, not flushed
+    g3, x3 = K._bits(dy.reshape(1, m, n)), K._bits(x.reshape(1, m, n))
+    dx3 = np.empty_like(x3)
+    parts = np.empty((-(-m // K.ROWS_PER_PART), n))
+    redo = np.empty(m, np.bool_)
+    K._ln_bwd_pipelined(g3, x3, w.astype(np.float64), mean.reshape(-1).astype(np.float64),
+                        rstd.reshape(-1).astype(np.float64), dx3, False, parts, parts, redo,
+                        K._bf16_by_cpu(dx3), 0, parts.shape[0])
+    assert _flagged_rows(redo) == ([3, 40] if hb.BF16_HW_FLUSHED else [])
+
+
+def test_subnormal_bfloat16_fused_add_outputs_keep_their_bits(rng):
+    """The fused add's bfloat16 y and new residual rounded by the CPU (``_add_by_cpu``): a y
+    whose float32 value is subnormal (a weight of 2^-130 where h_j != 0: row 3) flags its row
+    with ``REDO_Y_FLUSHED``, written again with the integer rounding (the bits of the loop
+    that rounds element by element: ``hw`` None); a subnormal h (row 20, column 5, which
+    also makes y_5 subnormal) flags it with ``REDO_RES`` too, and the new residual keeps the
+    oracle's bits. In the tail (row 69, column 199) neither is flagged. Row 3's y_0 is one
+    that rounded once (as a ``REDO_Y`` row is written again) would differ."""
+    m, n = 70, 200
+    x = rng.standard_normal((m, n)).astype(BF16)
+    res = (-x.astype(np.float32)).astype(BF16)  # h = 0 ...
+    res[:, 1:199] = rng.standard_normal((m, 198)).astype(BF16)  # ... in columns 0 and 199
+    w = rng.uniform(0.5, 1.5, n).astype(BF16)
+    w[[0, 199]] = 2.0**-130
+    x[3, 0], res[3, 0] = 0.5, 0.5
+    x[69, 199], res[69, 199] = 1.0, 0.5
+    # row 3: h = 1 in columns 0 ... 198 but for u, u, v, v; y_0 = rstd·w_0 rounds
+    # differently twice (the integer route) and once
+    x[3, 1:199], res[3, 1:199] = 1.0, 0.0
+    u, v, w[0] = _twice_rounded_case(1.0, 195.0, n, 1e-6)
+    x[3, 1:5] = u, u, v, v
+    x[20, 5], res[20, 5] = 2.0**-125, -(2.0**-125 - 2.0**-130)  # h = 2^-130
+    y, new_res, _ = K.add_rms_norm_forward(x, res, n, w, 1e-6)
+    want_res = rmsref.add_rms_norm_forward(x, res, n, w, 1e-6)[1]
+    np.testing.assert_array_equal(new_res.view(np.uint16), want_res.view(np.uint16))
+    assert 0 < new_res[20, 5].astype(np.float32) < 2.0**-126
+    tiny = np.abs(y.astype(np.float32)[[3, 20, 69], [0, 5, 199]])
+    assert ((tiny > 0) & (tiny < 2.0**-126)).all()  # subnormal, not flushed
+    want_y = rmsref.add_rms_norm_forward(x, res, n, w, 1e-6)[0]  # rounded once
+    assert y.view(np.uint16)[3, 0] != want_y.view(np.uint16)[3, 0]
+    x3, r3 = K._bits(x.reshape(1, m, n)), K._bits(res.reshape(1, m, n))
+    w64 = w.astype(np.float64)
+    blocks = -(-m // K.ROWS_PER_BLOCK)
+    for hw in (None, K._add_by_cpu(x3, r3, x3, r3)):
+        y3, res3 = np.empty_like(x3), np.empty_like(x3)
+        rstd, redo = np.empty(m, np.float32), np.zeros(m, np.uint8)
+        K._add_rms_fwd(x3, r3, None, w64, 1e-6, y3, res3, rstd, redo, hw, 0, blocks)
+        if hw is not None:
+            assert {int(r): int(redo[r]) for r in np.flatnonzero(redo)} == {
+                3: K.REDO_Y_FLUSHED, 20: K.REDO_Y_FLUSHED | K.REDO_RES}
+        K._add_fwd_redo(x3, r3, None, w64, 1e-6, y3, res3, rstd, redo, 0, m)
+        np.testing.assert_array_equal(y3[0], y.view(np.int16))
+        np.testing.assert_array_equal(res3[0], new_res.view(np.int16))
+
+
+def test_the_fused_add_rounds_by_the_cpu_only_for_bfloat16_throughout():
+    """``_add_by_cpu``: True (on a CPU with AVX512-BF16 and -DQ) only where x, the residual
+    and both C-contiguous outputs are bfloat16 (then ``sum_to`` takes the float32 route);
+    a float16 or float32 residual, or a strided output, gets None."""
+    b3 = K._bits(np.zeros((1, 2, 64), BF16))
+    assert K._add_by_cpu(b3, b3, b3, b3) is (True if hb.BF16_HW_FLUSHED else None)
+    f3 = K._bits(np.zeros((1, 2, 64), np.float16))
+    assert K._add_by_cpu(b3, f3, b3, f3) is None
+    assert K._add_by_cpu(b3, np.zeros((1, 2, 64), np.float32), b3, b3) is None
+    strided = K._bits(np.zeros((1, 2, 128), BF16))[:, :, ::2]
+    assert K._add_by_cpu(b3, b3, strided, b3) is None
 
 
 @pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float16)], ids=["bfloat16", "float16"])

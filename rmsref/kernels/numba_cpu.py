@@ -143,11 +143,13 @@ Numerical contract
   values: a bound per row (``_y_normal``: the row's smallest nonzero |x| times rstd, and that
   times the smallest nonzero |w'|) shows every y of the row to be one, or sends the row to
   ``_rms_write``, which tests each element, so no bit depends on the CPU or on the bound; the
-  same bound replaces the per-element test of x·rstd for underflow in that loop. The pipelined
-  backward's float32 bfloat16 dx (into a contiguous output) is rounded by the CPU too
-  (``_halfbits.store_lanes_flushed``), where a bound per row is not to be had (dx comes from
-  a difference): the store itself reports a subnormal dx (one ``vfpclassps`` per 16 values),
-  and that row is written again with the integer rounding.
+  same bound replaces the per-element test of x·rstd for underflow in that loop. The other
+  pipelined loops' float32 bfloat16 outputs (into contiguous outputs: RMSNorm's and
+  LayerNorm's dx, LayerNorm's y, the fused add's y and new residual; ``_bf16_by_cpu``,
+  ``_add_by_cpu``) are rounded by the CPU too (``_halfbits.store_lanes_flushed``), where a
+  bound per row is not to be had (a difference, or a sum with a bias): the store itself
+  reports a subnormal (one ``vfpclassps`` per 16 values), and that row is written again
+  with the integer rounding, so again no bit depends on the CPU.
   ``_halfbits.to_work``/``from_work``/``outside_work`` choose the working precision per output
   type, so one kernel source serves every dtype, and flag the rows to write again
   (``_rms_write_general``, ``_bwd_dx_exact``, ``_ln_write_exact``, ``_ln_dx_exact``,
@@ -1274,7 +1276,7 @@ def _bwd_row_and_dot_f32(g3, x3, b, i, w, w32, rstd_s, c, dx3, dw_parts, p, b1, 
     ``tail``: None where the row length is a multiple of LANES, else True: a type, so a kernel
     for such rows is compiled without the loop over a row's tail, which took about a fifth of
     the backward's first call to compile (bench/compile.py). ``hw``: None, or True where the
-    CPU rounds the block's dx to bfloat16 (``_dx_by_cpu``): one ``store_lanes_flushed`` per
+    CPU rounds the block's dx to bfloat16 (``_bf16_by_cpu``): one ``store_lanes_flushed`` per
     block in place of 64 integer roundings, and a nonzero |dx| below float32's normal range
     (which the CPU flushes to zero) flags the row, written again with the integer rounding."""
     n = x3.shape[2]
@@ -1325,11 +1327,12 @@ def _bwd_row_and_dot_f32(g3, x3, b, i, w, w32, rstd_s, c, dx3, dw_parts, p, b1, 
     return _lane_tree(acc), outside, not _gx_exact(lo, hi, dx3)
 
 
-def _dx_by_cpu(dx3: np.ndarray) -> bool | None:
-    """True where the float32 route's bfloat16 dx is rounded by the CPU
-    (``store_lanes_flushed``: ``_halfbits.BF16_HW_FLUSHED``, a C-contiguous bfloat16 dx),
+def _bf16_by_cpu(out3: np.ndarray) -> bool | None:
+    """True where a pipelined loop's float32 values for ``out3`` are rounded to bfloat16 by
+    the CPU (``store_lanes_flushed``: ``_halfbits.BF16_HW_FLUSHED``, a C-contiguous bfloat16
+    output; RMSNorm's and LayerNorm's dx, LayerNorm's y, the fused add's y and new residual),
     else None: a type, as ``_tail``, so the kernel is compiled with one of the two stores."""
-    return (True if BF16_HW_FLUSHED and dx3.dtype == BF16_BITS and dx3.flags.c_contiguous
+    return (True if BF16_HW_FLUSHED and out3.dtype == BF16_BITS and out3.flags.c_contiguous
             else None)
 
 
@@ -1360,7 +1363,7 @@ def _rms_bwd_pipelined(dy3, x3, w, w32, rstd_in, dx3, dw_parts, redo, redo_dw, t
     that route a bfloat16 part whose dweight terms took a g·x that may not be exact is flagged
     in ``redo_dw[p]`` and summed again by ``_rms_bwd_dweight_again``; ``tail`` (None or True,
     ``_tail``) says whether that route's row needs its loop over a row's tail, and ``hw``
-    (None or True, ``_dx_by_cpu``) whether the CPU rounds its dx."""
+    (None or True, ``_bf16_by_cpu``) whether the CPU rounds its dx."""
     _wide_vectors_for(x3)
     nr = x3.shape[1]
     m = x3.shape[0] * nr
@@ -1439,7 +1442,7 @@ def _rms_bwd_common(dy3, x3, w, rstd_in, dx3, dw_parts, t0, t1, w32=None):
     redo = np.empty(m, np.bool_)  # only rows [r0, r1) are written and read
     redo_dw = np.empty(dw_parts.shape[0], np.bool_)  # only parts [t0, t1)
     tail = None if w32 is None else _tail(x3)  # the float64 row has its tail loop anyway
-    hw = None if w32 is None else _dx_by_cpu(dx3)
+    hw = None if w32 is None else _bf16_by_cpu(dx3)
     _rms_bwd_pipelined(dy3, x3, w, w32, rstd_in, dx3, dw_parts, redo, redo_dw, tail, hw, t0, t1)
     if redo[r0:r1].any():
         _rms_bwd_redo(dy3, x3, w, w32, rstd_in, dx3, redo, r0, r1)
@@ -1637,16 +1640,25 @@ def _add_rstd_scaled(ss, x3, r3, b, i, like, eps):
 
 
 @njit(**_INL)
-def _add_write_and_sumsq(x3, r3, like, b, i, w, y3, rstd_s, res3, b1, i1):
+def _add_write_and_sumsq(x3, r3, like, b, i, w, y3, rstd_s, res3, b1, i1, hw):
     """Row (b, i)'s y (unscaled) while summing Σh² of row (b1, i1) and storing its
     new_residual, in the lanes of ``_add_sumsq`` (same order, so the same bits). A half y is
     rounded to through float32 (``as_work``), as RMSNorm's dx; the new residual by ``sum_to``.
-    Returns (Σh² of row (b1, i1), whether y needs ``_add_write_scaled_row``)."""
+    ``hw``: None, or True where x, the residual and both outputs are C-contiguous bfloat16
+    and the CPU rounds (``_add_by_cpu``): y and the new residual (``sum_to``'s float32 h)
+    are rounded by ``store_lanes_flushed``. Returns (Σh² of row
+    (b1, i1), whether y needs ``_add_write_scaled_row``, whether a y of row (b, i) and
+    whether a new residual of row (b1, i1) was a float32 subnormal, which the CPU flushed:
+    ``_add_fwd_redo`` writes them again the integer way)."""
     n = x3.shape[2]
     x, r, y = x3[b, i], r3[b, i], y3[b, i]  # (N,) each: row (b, i)
     x1, r1, res1 = x3[b1, i1], r3[b1, i1], res3[b1, i1]  # row (b1, i1)
     acc = _lanes()
+    y_blk = _lanes32()  # the block's float32 y and new residual, for ``store_lanes_flushed``
+    res_blk = _lanes32()
     outside = False
+    y_flushed = False
+    res_flushed = False
     n64 = n - n % LANES
     for j0 in range(0, n64, LANES):
         _read_ahead(x1, (j0,))
@@ -1656,13 +1668,23 @@ def _add_write_and_sumsq(x3, r3, like, b, i, w, y3, rstd_s, res3, b1, i1):
         for lane in range(LANES):
             j = j0 + lane
             yj = as_work(_h_of(x[j], r[j], like) * rstd_s * w[j], x3, y3)  # (3)-(4)
-            y[j] = from_work(yj, y3)
+            if hw is None:
+                y[j] = from_work(yj, y3)
+            else:
+                y_blk[lane] = yj
             outside |= outside_work(yj, y3)
+        if hw is not None:
+            y_flushed |= store_lanes_flushed(y_blk, y3, (b, i, j0))
         for lane in range(LANES):  # a loop of its own, as in ``_write_and_sumsq``
             j = j0 + lane
             h = _h_of(x1[j], r1[j], like)
-            res1[j] = sum_to(h, x3, r3, res3)  # new_residual = R_res(h)
+            if hw is None:
+                res1[j] = sum_to(h, x3, r3, res3)  # new_residual = R_res(h)
+            else:
+                res_blk[lane] = np.float32(h)  # as ``sum_to`` rounds it, then by the CPU
             acc[lane] += h * h  # (1) of the next row
+        if hw is not None:
+            res_flushed |= store_lanes_flushed(res_blk, res3, (b1, i1, j0))
     for lane in range(n - n64):
         j = n64 + lane
         yj = as_work(_h_of(x[j], r[j], like) * rstd_s * w[j], x3, y3)
@@ -1671,7 +1693,7 @@ def _add_write_and_sumsq(x3, r3, like, b, i, w, y3, rstd_s, res3, b1, i1):
         h = _h_of(x1[j], r1[j], like)
         res1[j] = sum_to(h, x3, r3, res3)
         acc[lane] += h * h
-    return _lane_tree(acc), outside
+    return _lane_tree(acc), outside, y_flushed, res_flushed
 
 
 @njit(**_SER)
@@ -1685,11 +1707,12 @@ def _add_write_scaled_row(x3, r3, like, b, i, w, y3, rstd_s, k):
 #: Why ``_add_fwd_rows`` flags a row for ``_add_fwd_redo`` (bits of its ``redo`` entry).
 REDO_Y = 1  # y needs the float64 route, rounded once (a flagged half row)
 REDO_RSTD = 2  # Σh² outside [SS_LO, SS_HI]: rstd by ``_add_rstd`` (maybe scaled), then y
-REDO_RES = 4  # Σh² not finite: new_residual again by ``_add_residual_exact``
+REDO_RES = 4  # Σh² not finite, or a flushed subnormal: new_residual by ``_add_residual_exact``
+REDO_Y_FLUSHED = 8  # a y the CPU flushed (``_add_write_and_sumsq``): y again the integer way
 
 
 @njit(**_INL)
-def _add_fwd_rows(x3, r3, like, w, eps, y3, res3, rstd_out, redo, t0, t1):
+def _add_fwd_rows(x3, r3, like, w, eps, y3, res3, rstd_out, redo, hw, t0, t1):
     """The rows of blocks [t0, t1) as one run through the pipelined loop, as RMSNorm's
     forward (the last row sums itself again, unused). Rare rows are only flagged in ``redo``
     (``REDO_Y``, ``REDO_RSTD``, ``REDO_RES``) and written again by ``_add_fwd_redo``; ``redo``
@@ -1709,21 +1732,26 @@ def _add_fwd_rows(x3, r3, like, w, eps, y3, res3, rstd_out, redo, t0, t1):
         if not SS_LO <= ss <= SS_HI:
             redo[r] |= REDO_RSTD
         rstd_out[r] = rstd_s
-        ss, outside = _add_write_and_sumsq(x3, r3, like, b, i, w, y3, rstd_s, res3,
-                                           b1, i1)  # (3)-(4) of r, (1) of the next row
+        ss, outside, y_flushed, res_flushed = _add_write_and_sumsq(
+            x3, r3, like, b, i, w, y3, rstd_s, res3, b1, i1, hw)  # (3)-(4) of r, (1) of r + 1
         if outside:
             redo[r] |= REDO_Y
+        if y_flushed:
+            redo[r] |= REDO_Y_FLUSHED
+        if res_flushed:  # row r + 1's (row r's own for the last row, summed again)
+            redo[min(r + 1, r1 - 1)] |= REDO_RES
         if not math.isfinite(ss) and r + 1 < r1:
             redo[r + 1] |= REDO_RES
         b, i = b1, i1
 
 
 @njit(**_PAR)
-def _add_rms_fwd(x3, r3, like, w, eps, y3, res3, rstd_out, redo, t0, t1):
+def _add_rms_fwd(x3, r3, like, w, eps, y3, res3, rstd_out, redo, hw, t0, t1):
     """The forward: h = x + r in float64 (``like`` None, ``rounding="fp32-sum"``) or
-    h = R_x(x + r) (``like`` the x array, ``rounding="rounded-sum"``); one compiled copy each."""
+    h = R_x(x + r) (``like`` the x array, ``rounding="rounded-sum"``); one compiled copy each.
+    ``hw``: ``_add_by_cpu``."""
     _wide_vectors_for(x3)
-    _add_fwd_rows(x3, r3, like, w, eps, y3, res3, rstd_out, redo, t0, t1)
+    _add_fwd_rows(x3, r3, like, w, eps, y3, res3, rstd_out, redo, hw, t0, t1)
 
 
 @njit(**_SER)
@@ -1739,14 +1767,24 @@ def _add_fwd_redo(x3, r3, like, w, eps, y3, res3, rstd_out, redo, r0, r1):
         if f == 0:
             continue
         b, i = r // nr, r % nr
-        if f & (REDO_Y | REDO_RSTD):
+        if f & (REDO_Y | REDO_RSTD | REDO_Y_FLUSHED):
             ss = _add_sumsq(x3, r3, b, i, like, res3)  # the loop's Σh², bit for bit
             rstd_s, k = _add_rstd(ss, x3, r3, b, i, like, eps)  # (2) on h
             rstd_out[r] = rstd_s if k == 0 else math.ldexp(rstd_s, -k)
             if k != 0 or f & REDO_Y:  # a scaled float64 row, or a flagged half row
                 _add_write_scaled_row(x3, r3, like, b, i, w, y3, rstd_s, k)
+            elif f & REDO_Y_FLUSHED:  # the loop's y, each rounded the integer way
+                _add_write_and_sumsq(x3, r3, like, b, i, w, y3, rstd_s, res3, b, i, None)
         if f & REDO_RES:
             _add_residual_exact(x3, r3, b, i, like, res3)
+
+
+def _add_by_cpu(x3: np.ndarray, r3: np.ndarray, y3: np.ndarray, res3: np.ndarray) -> bool | None:
+    """True where the fused forward's y and new residual are rounded by the CPU
+    (``_add_write_and_sumsq``): x, the residual, y and the new residual all bfloat16 and the
+    outputs C-contiguous (``_bf16_by_cpu``): ``sum_to``'s float32 route; else None."""
+    return (True if _bf16_by_cpu(y3) and _bf16_by_cpu(res3) and x3.dtype == r3.dtype == BF16_BITS
+            else None)
 
 
 def _add_rms_fwd_rows(x3, r3, like, w, eps, y3, res3, rstd_out, t0, t1):
@@ -1754,7 +1792,8 @@ def _add_rms_fwd_rows(x3, r3, like, w, eps, y3, res3, rstd_out, t0, t1):
     m = x3.shape[0] * x3.shape[1]
     r0, r1 = _task_rows_py(m, t0, t1, ROWS_PER_BLOCK)
     redo = np.zeros(m, np.uint8)  # only rows [r0, r1) are written and read
-    _add_rms_fwd(x3, r3, like, w, eps, y3, res3, rstd_out, redo, t0, t1)
+    _add_rms_fwd(x3, r3, like, w, eps, y3, res3, rstd_out, redo, _add_by_cpu(x3, r3, y3, res3),
+                 t0, t1)
     if redo[r0:r1].any():
         _add_fwd_redo(x3, r3, like, w, eps, y3, res3, rstd_out, redo, r0, r1)
 
@@ -2042,15 +2081,18 @@ def _ln_stats(s, x3, b, i, eps):
 
 
 @njit(**_INL)
-def _ln_write_and_sum(x3, b, i, w, bias, y3, mu, rstd, b1, i1):
+def _ln_write_and_sum(x3, b, i, w, bias, y3, mu, rstd, b1, i1, hw):
     """Row (b, i)'s y = (x − mu)·rstd·w + b while summing Σx of row (b1, i1) in the lanes of
     ``_sum_lanes`` (same order, so the same bits). Eqs. (5)-(6). Without a bias, b is a row of
     -0.0, the exact additive identity (v + (-0.0) is v, bit for bit, also for v = ±0): no
     per-element branch, which kept this loop from vectorising. Returns the sum and whether
-    row (b, i) must be written again by ``_ln_write_exact``."""
+    row (b, i) must be written again (``_ln_fwd_redo``). ``hw``: None, or True where the CPU
+    rounds the block's float32 y to bfloat16 (``_bf16_by_cpu``: ``store_lanes_flushed``, as the
+    RMSNorm backward's dx); a subnormal y then flags the row too."""
     n = x3.shape[2]
     acc = _lanes()
-    outside = False  # whether the row needs ``_ln_write_exact``
+    y_blk = _lanes32()  # the block's float32 y, for ``store_lanes_flushed``
+    outside = False  # whether the row needs ``_ln_fwd_redo``
     n64 = n - n % LANES
     for j0 in range(0, n64, LANES):
         _read_ahead(x3, (b1, i1, j0))
@@ -2058,8 +2100,13 @@ def _ln_write_and_sum(x3, b, i, w, bias, y3, mu, rstd, b1, i1):
         for lane in range(LANES):
             j = j0 + lane
             yj = as_work((to_f64(x3[b, i, j]) - mu) * rstd * w[j] + bias[j], x3, y3)
-            y3[b, i, j] = from_work(yj, y3)
+            if hw is None:
+                y3[b, i, j] = from_work(yj, y3)
+            else:
+                y_blk[lane] = yj
             outside |= outside_work(yj, y3)
+        if hw is not None:  # (6) rounded by the CPU; a subnormal y flags the row
+            outside |= store_lanes_flushed(y_blk, y3, (b, i, j0))
         for lane in range(LANES):  # a loop of its own, as in ``_write_and_sumsq``
             acc[lane] += to_f64(x3[b1, i1, j0 + lane])  # (1) of the next row
     for lane in range(n - n64):
@@ -2080,7 +2127,7 @@ def _ln_write_exact(x3, b, i, w, bias, y3, mu, rstd):
 
 
 @njit(**_PAR)
-def _ln_fwd(x3, w, bias, eps, y3, mean_out, rstd_out, redo, t0, t1):
+def _ln_fwd(x3, w, bias, eps, y3, mean_out, rstd_out, redo, hw, t0, t1):
     """The rows of blocks [t0, t1) as one run through the pipelined loop, as
     ``_rms_fwd_pipelined`` (the last row sums itself again, unused); a half row with a y
     outside the normal range is flagged in ``redo`` and written again by ``_ln_fwd_redo``."""
@@ -2096,7 +2143,7 @@ def _ln_fwd(x3, w, bias, eps, y3, mean_out, rstd_out, redo, t0, t1):
         mu, rstd = _ln_stats(s, x3, b, i, eps)  # (1)-(4)
         mean_out[r] = mu
         rstd_out[r] = rstd
-        s, redo[r] = _ln_write_and_sum(x3, b, i, w, bias, y3, mu, rstd, b1, i1)
+        s, redo[r] = _ln_write_and_sum(x3, b, i, w, bias, y3, mu, rstd, b1, i1, hw)
         b, i = b1, i1
 
 
@@ -2110,7 +2157,9 @@ def _ln_fwd_redo(x3, w, bias, eps, y3, redo, r0, r1):
         if redo[r]:
             b, i = r // nr, r % nr
             mu, rstd = _ln_stats(_sum_lanes(x3, b, i), x3, b, i, eps)  # (1)-(4)
-            _ln_write_exact(x3, b, i, w, bias, y3, mu, rstd)
+            _, outside = _ln_write_and_sum(x3, b, i, w, bias, y3, mu, rstd, b, i, None)
+            if outside:  # an inf or NaN y: rounded once
+                _ln_write_exact(x3, b, i, w, bias, y3, mu, rstd)
 
 
 def _ln_fwd_rows(x3, w, bias, eps, y3, mean_out, rstd_out, t0, t1):
@@ -2118,7 +2167,7 @@ def _ln_fwd_rows(x3, w, bias, eps, y3, mean_out, rstd_out, t0, t1):
     m = x3.shape[0] * x3.shape[1]
     r0, r1 = _task_rows_py(m, t0, t1, ROWS_PER_BLOCK)
     redo = np.empty(m, np.bool_)  # only rows [r0, r1) are written and read
-    _ln_fwd(x3, w, bias, eps, y3, mean_out, rstd_out, redo, t0, t1)
+    _ln_fwd(x3, w, bias, eps, y3, mean_out, rstd_out, redo, _bf16_by_cpu(y3), t0, t1)
     if redo[r0:r1].any():
         _ln_fwd_redo(x3, w, bias, eps, y3, redo, r0, r1)
 
@@ -2198,13 +2247,15 @@ def _ln_bwd(dy3, x3, w, eps, has_stats, mean_in, rstd_in, dx3, want_dw, want_db,
 
 @njit(**_INL)
 def _ln_dx_and_sums(dy3, x3, b, i, w, mu, rstd, c1, c2, dx3, want_db, dw_parts, db_parts, p,
-                    b1, i1, mu1):
+                    b1, i1, mu1, hw):
     """Row (b, i)'s dx, dweight (and dbias) terms while summing (Σ dxhat, Σ dxhat·(x − mu1))
     of row (b1, i1) in the lanes of ``_ln_bwd_sums`` (same order, so the same bits). Returns
-    the two sums and whether row (b, i)'s dx must be written again by ``_ln_dx_exact``."""
+    the two sums and whether row (b, i)'s dx must be written again (``_ln_bwd_redo``).
+    ``hw`` as in ``_ln_write_and_sum``: a CPU-rounded bfloat16 dx."""
     n = x3.shape[2]
     acc_g = _lanes()
     acc_gd = _lanes()
+    dx_blk = _lanes32()  # the block's float32 dx, for ``store_lanes_flushed``
     outside = False  # whether the row needs ``_ln_dx_exact``
     n64 = n - n % LANES
     for j0 in range(0, n64, LANES):
@@ -2216,11 +2267,16 @@ def _ln_dx_and_sums(dy3, x3, b, i, w, mu, rstd, c1, c2, dx3, want_db, dw_parts, 
             g = to_f64(dy3[b, i, j])
             dxj, xhat = _ln_dx(g, to_f64(x3[b, i, j]), w[j], mu, rstd, c1, c2)
             dx_w = as_work(dxj, x3, dx3)  # through float32 for a half dx
-            dx3[b, i, j] = from_work(dx_w, dx3)
+            if hw is None:
+                dx3[b, i, j] = from_work(dx_w, dx3)
+            else:
+                dx_blk[lane] = dx_w
             outside |= outside_work(dx_w, dx3)
             dw_parts[p, j] += g * xhat  # (11)
             if want_db:
                 db_parts[p, j] += g
+        if hw is not None:  # (10) rounded by the CPU; a subnormal dx flags the row
+            outside |= store_lanes_flushed(dx_blk, dx3, (b, i, j0))
         for lane in range(LANES):  # a loop of its own, as in ``_bwd_row_and_dot``
             j = j0 + lane
             g, gd = _dxhat_terms(to_f64(dy3[b1, i1, j]), to_f64(x3[b1, i1, j]), w[j], mu1)
@@ -2252,8 +2308,8 @@ def _ln_dx_exact(dy3, x3, b, i, w, mu, rstd, c1, c2, dx3):
 
 
 @njit(**_PAR)
-def _ln_bwd_pipelined(dy3, x3, w, mean_in, rstd_in, dx3, want_db, dw_parts, db_parts, redo, t0,
-                      t1):
+def _ln_bwd_pipelined(dy3, x3, w, mean_in, rstd_in, dx3, want_db, dw_parts, db_parts, redo, hw,
+                      t0, t1):
     """The common call (saved mean and rstd, a weight), as ``_rms_bwd_pipelined``: every row of
     a part through one loop that writes row r's dx and parameter terms while summing row
     r + 1's sums (the part's last row sums itself again, unused); a half row with a dx outside
@@ -2278,7 +2334,8 @@ def _ln_bwd_pipelined(dy3, x3, w, mean_in, rstd_in, dx3, want_db, dw_parts, db_p
             c1 = s1 / n  # (8)
             c2 = s2 * rstd / n  # (9)
             s1, s2, redo[r] = _ln_dx_and_sums(dy3, x3, b, i, w, mu, rstd, c1, c2, dx3, want_db,
-                                              dw_parts, db_parts, p, b1, i1, mean_in[rn])
+                                              dw_parts, db_parts, p, b1, i1, mean_in[rn],
+                                              hw)
             b, i = b1, i1
 
 
@@ -2289,12 +2346,17 @@ def _ln_bwd_redo(dy3, x3, w, mean_in, rstd_in, dx3, redo, r0, r1):
     bits). Compiled by the first call that flags a row."""
     nr = x3.shape[1]
     n = x3.shape[2]
+    scratch = np.zeros((1, n))  # the parameter terms, added once already
     for r in range(r0, r1):
         if redo[r]:
             b, i = r // nr, r % nr
             mu, rstd = mean_in[r], rstd_in[r]
             s1, s2 = _ln_bwd_sums(dy3, x3, b, i, w, mu)
-            _ln_dx_exact(dy3, x3, b, i, w, mu, rstd, s1 / n, s2 * rstd / n, dx3)  # (8)-(10)
+            c1, c2 = s1 / n, s2 * rstd / n  # (8)-(9)
+            _, _, outside = _ln_dx_and_sums(dy3, x3, b, i, w, mu, rstd, c1, c2, dx3, False,
+                                            scratch, scratch, 0, b, i, mu, None)
+            if outside:  # an inf or NaN dx: rounded once
+                _ln_dx_exact(dy3, x3, b, i, w, mu, rstd, c1, c2, dx3)  # (10)
 
 
 def _ln_bwd_any(dy3, x3, w, eps, has_stats, mean_in, rstd_in, dx3, want_dw, want_db, dw_parts,
@@ -2306,7 +2368,7 @@ def _ln_bwd_any(dy3, x3, w, eps, has_stats, mean_in, rstd_in, dx3, want_dw, want
         r0, r1 = _task_rows_py(m, t0, t1, ROWS_PER_PART)
         redo = np.empty(m, np.bool_)  # only rows [r0, r1) are written and read
         _ln_bwd_pipelined(dy3, x3, w, mean_in, rstd_in, dx3, want_db, dw_parts, db_parts, redo,
-                          t0, t1)
+                          _bf16_by_cpu(dx3), t0, t1)
         if redo[r0:r1].any():
             _ln_bwd_redo(dy3, x3, w, mean_in, rstd_in, dx3, redo, r0, r1)
     else:
