@@ -409,7 +409,7 @@ def test_the_float32_dx_keeps_the_sign_of_a_zero(rng, dtype):
         assert flipped == 0, f"{flipped} of {zero.sum()} zeros differ (bias={bias is not None})"
 
 
-@pytest.mark.parametrize("size", ["tiny", "huge"])
+@pytest.mark.parametrize("size", ["tiny", "small", "huge"])
 def test_bfloat16_rows_far_from_1_keep_the_contract(rng, size):
     """bfloat16 has float32's exponent range, so its float32 dx route meets values that
     float16's never does, while dx (and dweight) stay ordinary values:
@@ -418,15 +418,18 @@ def test_bfloat16_rows_far_from_1_keep_the_contract(rng, size):
       (near 2^-144) would fall below float32's normal range and lose bits that rstd makes
       part of dx (``_dx_scale`` scales it by 2^e ~ rstd); dy·x (near 2^-219) underflows
       float32 to 0;
+    - "small": x ~ 2^-70 (rstd ~ 2^70), w = 1, dy ~ 2^-70: dy·x (near 2^-140) is a float32
+      subnormal with half its bits lost, and so would be the next row's Σ dxhat·x taken from
+      it, which stays within [SS_LO, SS_HI]: ``_gx_exact`` flags the row, written again;
     - "huge": x ~ 2^70 (rstd ~ 2^-70), w = 2^20, dy ~ 2^60: dy·x (near 2^130) overflows
       float32.
 
-    In both, the float32 dy·x would give a wrong dweight term, so ``_gx_exact`` sends the
+    In all, the float32 dy·x would give a wrong dweight term, so ``_gx_exact`` sends the
     parts to ``_rms_bwd_dweight_again``. dx keeps the contract and dweight is within one ulp
     of the oracle's, with the same bits in both kernels (v3, taken with a bias, sums
     float64 products)."""
     m, n = 40, 256
-    sx, sdy, sw = (-99, -120, -24) if size == "tiny" else (70, 60, 20)
+    sx, sdy, sw = {"tiny": (-99, -120, -24), "small": (-70, -70, 0), "huge": (70, 60, 20)}[size]
     x = (rng.standard_normal((m, n)) * 2.0**sx).astype(BF16)
     dy = (rng.standard_normal((m, n)) * 2.0**sdy).astype(BF16)
     w = np.full(n, 2.0**sw).astype(BF16)

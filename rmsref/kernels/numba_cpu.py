@@ -107,7 +107,10 @@ Numerical contract
   exact, where the float64 route has dy·(x·rstd): for bfloat16 the float32 dy·x is exact only
   within float32's normal range, so a row with a nonzero |dy| or |x| whose square leaves it
   (``_gx_exact``, a bound from the row's smallest and largest magnitudes) has its part's dweight
-  row summed again from float64 products (``_rms_bwd_dweight_again``).
+  row summed again from float64 products (``_rms_bwd_dweight_again``). The pipelined loop sums
+  the next row's Σ dxhat·x from the float32 dy·x too, as (dy·x)·w': with dy·x exact that
+  product is exact in float64 (at most 32 or 35 significant bits), as (dy·w')·x is, so the
+  sum has the float64 route's bits; a bfloat16 row outside ``_gx_exact`` is written again.
 - Saved statistics: rstd (and LayerNorm's mean) in float32 for float16/bfloat16 inputs (what
   torch saves), float64 for float32 and float64 inputs. For float32 that is a choice: the value
   is computed in float64 anyway and costs 8 bytes per row, and a float64 rstd lets the backward
@@ -1268,10 +1271,14 @@ def _bwd_row_and_dot_f32(g3, x3, b, i, w, w32, rstd_s, c, dx3, dw_parts, p, b1, 
     dweight terms (g·x)·rstd (``_dweight_term``) from the block's float32 g·x, in a float64
     loop of their own (float64 work inside the float32 loop made LLVM give all of it
     half-width vectors; keeping g and x for that loop instead of their product was slower),
-    and row (b1, i1)'s Σ dxhat·x as ``_dot_lanes`` sums it (its bits). Returns (the sum,
+    and row (b1, i1)'s Σ dxhat·x in the lanes of ``_dot_lanes``, its terms (g·x)·w from a
+    float32 g·x (two conversions and a float64 product fewer than (g·w)·x; exact in float64
+    either way, so the same bits, where g·x is exact: always for float16, and for bfloat16
+    where ``_gx_exact`` holds for that row, which the next call reports). Returns (the sum,
     whether row (b, i)'s dx must be written again: an element outside the format's range or a
     row outside ``_f32_dx_row``, whether a g·x of the row may not be exact (``_gx_exact``,
-    never for float16): then the part's dweight row must be summed again).
+    never for float16): then the part's dweight row must be summed again, and the row's own
+    Σ dxhat·x, summed by the previous call, may be wrong, so its dx is written again too).
 
     ``tail``: None where the row length is a multiple of LANES, else True: a type, so a kernel
     for such rows is compiled without the loop over a row's tail, which took about a fifth of
@@ -1310,9 +1317,10 @@ def _bwd_row_and_dot_f32(g3, x3, b, i, w, w32, rstd_s, c, dx3, dw_parts, p, b1, 
         _gx_keys(lo, hi, g3, x3, (b, i, j0), dx3)
         for lane in range(LANES):
             dw_parts[p, j0 + lane] += np.float64(gx_blk[lane]) * rstd_s  # (8)
-        for lane in range(LANES):
+        for lane in range(LANES):  # the next row's (g·x)·w, g·x exact where ``_gx_exact``
             j = j0 + lane
-            acc[lane] += (to_f64(g3[b1, i1, j]) * w[j]) * to_f64(x3[b1, i1, j])  # next row
+            gx = to_work(g3[b1, i1, j], dx3) * to_work(x3[b1, i1, j], dx3)
+            acc[lane] += np.float64(gx) * w[j]
     if tail is not None:
         for lane in range(n - n64):  # dweight's terms from float64 products: always exact
             j = n64 + lane
@@ -1361,7 +1369,8 @@ def _rms_bwd_pipelined(dy3, x3, w, w32, rstd_in, dx3, dw_parts, redo, redo_dw, t
     ``w32`` not None: the float32 dx route (``_bwd_row_and_dot_f32``; a row outside
     ``_f32_dx_row`` is flagged too), chosen when the kernel is compiled (None is a type). On
     that route a bfloat16 part whose dweight terms took a g·x that may not be exact is flagged
-    in ``redo_dw[p]`` and summed again by ``_rms_bwd_dweight_again``; ``tail`` (None or True,
+    in ``redo_dw[p]`` and summed again by ``_rms_bwd_dweight_again``, and so is the row (its
+    Σ dxhat·x took those products too); ``tail`` (None or True,
     ``_tail``) says whether that route's row needs its loop over a row's tail, and ``hw``
     (None or True, ``_bf16_by_cpu``) whether the CPU rounds its dx."""
     _wide_vectors_for(x3)
@@ -1388,6 +1397,7 @@ def _rms_bwd_pipelined(dy3, x3, w, w32, rstd_in, dx3, dw_parts, redo, redo_dw, t
                 s_next, outside, lost = _bwd_row_and_dot_f32(dy3, x3, b, i, w, w32, rstd_s, c,
                                                              dx3, dw_parts, p, b1, i1, tail, hw)
                 redo_dw[p] |= lost
+                outside |= lost  # its Σ dxhat·x took those products too
             redo[r] = outside or not _c_in_range(s, rstd_s, dy3, b, i)
             s = s_next
             b, i = b1, i1
