@@ -1725,8 +1725,9 @@ REDO_Y_FLUSHED = 8  # a y the CPU flushed (``_add_write_and_sumsq``): y again th
 def _add_fwd_rows(x3, r3, like, w, eps, y3, res3, rstd_out, redo, hw, t0, t1):
     """The rows of blocks [t0, t1) as one run through the pipelined loop, as RMSNorm's
     forward (the last row sums itself again, unused). Rare rows are only flagged in ``redo``
-    (``REDO_Y``, ``REDO_RSTD``, ``REDO_RES``) and written again by ``_add_fwd_redo``; ``redo``
-    must hold zeros for these rows on entry."""
+    (``REDO_Y``, ``REDO_RSTD``, ``REDO_RES``, ``REDO_Y_FLUSHED``) and written again by
+    ``_add_fwd_redo``; ``redo`` must hold zeros for these rows on entry. ``hw``:
+    ``_add_by_cpu``."""
     nr = x3.shape[1]
     n = x3.shape[2]
     r0, r1 = _task_rows(x3.shape[0] * nr, t0, t1, ROWS_PER_BLOCK)
@@ -1768,9 +1769,11 @@ def _add_rms_fwd(x3, r3, like, w, eps, y3, res3, rstd_out, redo, hw, t0, t1):
 def _add_fwd_redo(x3, r3, like, w, eps, y3, res3, rstd_out, redo, r0, r1):
     """The rows in [r0, r1) that ``_add_fwd_rows`` flagged, written as its loop wrote them
     before rare rows left it (so with those bits): rstd from ``_add_rstd`` (the scaled route
-    where it applies), y again in float64 for a scaled row or a ``REDO_Y`` row, and the new
-    residual rounded once from float64 for a ``REDO_RES`` row, after ``_add_sumsq`` has
-    stored it the fast way. Compiled by the first call that flags a row."""
+    where it applies), y again in float64 for a scaled row or a ``REDO_Y`` row, else by the
+    loop's element-by-element rounding for a ``REDO_Y_FLUSHED`` row, and the new residual
+    rounded once from float64 for a ``REDO_RES`` row (a flushed one included: through
+    float32 it has those bits, ``sum_to``), after ``_add_sumsq`` has stored it the fast way.
+    Compiled by the first call that flags a row."""
     nr = x3.shape[1]
     for r in range(r0, r1):
         f = redo[r]
@@ -2140,7 +2143,8 @@ def _ln_write_exact(x3, b, i, w, bias, y3, mu, rstd):
 def _ln_fwd(x3, w, bias, eps, y3, mean_out, rstd_out, redo, hw, t0, t1):
     """The rows of blocks [t0, t1) as one run through the pipelined loop, as
     ``_rms_fwd_pipelined`` (the last row sums itself again, unused); a half row with a y
-    outside the normal range is flagged in ``redo`` and written again by ``_ln_fwd_redo``."""
+    outside the normal range (or one the CPU flushed: ``hw``, ``_bf16_by_cpu``) is flagged in
+    ``redo`` and written again by ``_ln_fwd_redo``."""
     _wide_vectors_for(x3)
     nr = x3.shape[1]
     r0, r1 = _task_rows(x3.shape[0] * nr, t0, t1, ROWS_PER_BLOCK)
@@ -2159,9 +2163,11 @@ def _ln_fwd(x3, w, bias, eps, y3, mean_out, rstd_out, redo, hw, t0, t1):
 
 @njit(**_SER)
 def _ln_fwd_redo(x3, w, bias, eps, y3, redo, r0, r1):
-    """y of the rows in [r0, r1) that ``_ln_fwd`` flagged, again by ``_ln_write_exact``, with
-    the float64 statistics recomputed by the same code (so the same bits: a half input saves
-    them in float32). Compiled by the first call that flags a row."""
+    """y of the rows in [r0, r1) that ``_ln_fwd`` flagged, with the float64 statistics
+    recomputed by the same code (so the same bits: a half input saves them in float32): by
+    the loop's element-by-element rounding (``hw`` None: a row whose y the CPU flushed), and
+    where a y is inf or NaN there, by ``_ln_write_exact``. Compiled by the first call that
+    flags a row."""
     nr = x3.shape[1]
     for r in range(r0, r1):
         if redo[r]:
@@ -2323,7 +2329,8 @@ def _ln_bwd_pipelined(dy3, x3, w, mean_in, rstd_in, dx3, want_db, dw_parts, db_p
     """The common call (saved mean and rstd, a weight), as ``_rms_bwd_pipelined``: every row of
     a part through one loop that writes row r's dx and parameter terms while summing row
     r + 1's sums (the part's last row sums itself again, unused); a half row with a dx outside
-    the normal range is flagged in ``redo`` and written again by ``_ln_bwd_redo``."""
+    the normal range (or one the CPU flushed: ``hw``, ``_bf16_by_cpu``) is flagged in ``redo``
+    and written again by ``_ln_bwd_redo``."""
     _wide_vectors_for(x3)
     nr = x3.shape[1]
     m = x3.shape[0] * nr
@@ -2351,9 +2358,10 @@ def _ln_bwd_pipelined(dy3, x3, w, mean_in, rstd_in, dx3, want_db, dw_parts, db_p
 
 @njit(**_SER)
 def _ln_bwd_redo(dy3, x3, w, mean_in, rstd_in, dx3, redo, r0, r1):
-    """dx of the rows in [r0, r1) that ``_ln_bwd_pipelined`` flagged, again by
-    ``_ln_dx_exact`` with the loop's c1 and c2 (the row's sums in the same lanes, so the same
-    bits). Compiled by the first call that flags a row."""
+    """dx of the rows in [r0, r1) that ``_ln_bwd_pipelined`` flagged, with the loop's c1 and
+    c2 (the row's sums in the same lanes, so the same bits): by the loop's element-by-element
+    rounding (``hw`` None: a row whose dx the CPU flushed), and where a dx is inf or NaN
+    there, by ``_ln_dx_exact``. Compiled by the first call that flags a row."""
     nr = x3.shape[1]
     n = x3.shape[2]
     scratch = np.zeros((1, n))  # the parameter terms, added once already
