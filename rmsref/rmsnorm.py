@@ -147,7 +147,11 @@ def _row_sum(a: np.ndarray) -> np.ndarray:
 
 
 class _ColumnSum:
-    """Compensated running sum of per-chunk column sums (TwoSum), for dweight and dbias."""
+    """Compensated running sum of per-chunk column sums (TwoSum), for dweight and dbias.
+
+    A column whose running sum is not finite (it overflowed, or met an inf or NaN term) is
+    that sum, as plain IEEE addition gives it: there the error term holds inf − inf = NaN,
+    which added back would turn an overflow to ±inf into NaN."""
 
     def __init__(self, n: int, dtype: np.dtype) -> None:
         self.total = np.zeros(n, dtype)
@@ -161,7 +165,7 @@ class _ColumnSum:
         self.total = s
 
     def value(self) -> np.ndarray:
-        return self.total + self.err
+        return np.where(np.isfinite(self.total), self.total + self.err, self.total)
 
 
 def _scale_offset(weight: np.ndarray | None, offset: Any, n: int, ctype: np.dtype) -> np.ndarray:

@@ -100,6 +100,39 @@ def test_dweight_across_chunks_is_one_rounding_of_the_exact_sum(rng, one_row_per
     assert_within(ga.dweight, ref, sum2_bound(terms, ref), "add_rms_norm dweight")
 
 
+def test_a_column_sum_that_overflows_is_inf_not_nan(rng, one_row_per_chunk):
+    """float64 terms near the largest value: a column whose exact sum exceeds it is ±inf (the
+    correctly rounded sum, what a plain running sum gives), not NaN (the compensated sum's
+    error term is inf − inf there); a column of +inf and -inf terms is NaN; columns of
+    alternating signs keep their one-rounding bound. dbias of every oracle backward that has
+    one, and dweight where x̂ >= 0 (x >= 0 here; not LayerNorm's, whose x̂ has both signs)."""
+    m, n = 80, 8
+    x = np.abs(exact_rows(rng, m, n))
+    dy = rng.uniform(0.5, 1.0, (m, n)) * 4e307
+    dy[:, 1] *= -1.0                    # columns 0, 1: exact sums beyond ±1.8e308
+    dy[:, 2:] *= 0.025                  # columns 2 ... 7: below 1e306, alternating signs:
+    dy[::2, 2:] *= -1.0                 # finite sums, and a finite bound
+    dy[0, 3], dy[1, 3] = np.inf, -np.inf  # column 3: NaN
+    ref = exact_column_sums(dy[:, 4:])
+    w, b = np.ones(n), np.zeros(n)
+    with np.errstate(all="ignore"):
+        grads = {
+            "rms_norm": rmsref.rms_norm_backward(dy, x, n, w, 0.0, bias=b),
+            "layer_norm": rmsref.layer_norm_backward(dy, x, n, w, b),
+            "unit_norm": rmsref.unit_norm_backward(dy, x, n, w, bias=b),
+            "add_rms_norm": rmsref.add_rms_norm_backward(dy, None, x, np.zeros_like(x), n, w, 0.0),
+        }
+    for name, g in grads.items():
+        sums = {} if name == "layer_norm" else {"dweight": g.dweight}  # LayerNorm's x̂ has signs
+        if getattr(g, "dbias", None) is not None:
+            sums["dbias"] = g.dbias
+            assert_within(g.dbias[4:], ref, sum2_bound(dy[:, 4:], ref), f"{name} dbias")
+        for what, got in sums.items():
+            assert got[0] == np.inf and got[1] == -np.inf, f"{name} {what}: {got[:2]}"
+            assert np.isnan(got[3]), f"{name} {what}: {got[3]}"
+    assert len([g for g in grads.values() if getattr(g, "dbias", None) is not None]) == 3
+
+
 def test_cancelling_columns_defeat_an_uncompensated_running_sum(rng):
     """The inputs above are not benign: a plain running sum is off by far more than the bound."""
     m, n = 4000, 8
