@@ -449,6 +449,43 @@ def test_bfloat16_rows_far_from_1_keep_the_contract(rng, size):
     np.testing.assert_array_equal(*dweights)
 
 
+@pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float32)], ids=["bfloat16", "float32"])
+def test_a_saved_rstd_of_inf_gives_the_oracles_row(rng, dtype):
+    """A bfloat16 row of x = 2^-128 (and one 0) with eps = 0 has rstd = 2^128, which the saved
+    float32 rstd holds as inf (as torch saves it; for float32 the test writes the inf in).
+    Given it, every xhat of the row is inf or NaN and the oracle's c = Σ dxhat·xhat/N is NaN,
+    so its dx row is NaN; the kernels' c from s·rstd/N would be ±inf and their dx ±inf
+    (``_factored``). dx and dweight as the oracle's (NaN where it is, the same values
+    elsewhere; dweight ±inf in columns where the row's terms are): the pipelined backward,
+    the general one (a bias), and the fused add's."""
+    m, n = 70, 128
+    x = rng.standard_normal((m, n)).astype(dtype)
+    x[5], x[5, 3] = 2.0**-128, 0.0
+    dy = rng.standard_normal((m, n)).astype(dtype)
+    w = rng.uniform(0.5, 1.5, n).astype(dtype)
+    rstd = K.rms_norm_forward(x, n, w, eps=0.0)[1]
+    if dtype == BF16:
+        assert np.isinf(rstd.ravel()[5])
+    rstd.ravel()[5] = np.inf
+    with np.errstate(all="ignore"):
+        want = rmsref.rms_norm_backward(dy, x, n, w, eps=0.0, rstd=rstd)
+        assert np.isnan(want.dx[5].astype(np.float32)).all()
+        assert np.isinf(want.dweight.astype(np.float32)).sum() > n // 2
+        for bias in (None, np.zeros(n, dtype)):
+            got = K.rms_norm_backward(dy, x, n, w, eps=0.0, rstd=rstd, bias=bias)
+            np.testing.assert_array_equal(got.dx.astype(np.float32), want.dx.astype(np.float32))
+            np.testing.assert_array_equal(got.dweight.astype(np.float32),
+                                          want.dweight.astype(np.float32))
+        r = rng.standard_normal((m, n)).astype(dtype)
+        r[5] = 0.0  # h = x in row 5; the other rows' saved rstd need not be theirs
+        want = rmsref.add_rms_norm_backward(dy, None, x, r, n, w, eps=0.0, rstd=rstd)
+        got = K.add_rms_norm_backward(dy, None, x, r, n, w, eps=0.0, rstd=rstd)
+        assert np.isnan(want.dx[5].astype(np.float32)).all()
+        np.testing.assert_array_equal(got.dx.astype(np.float32), want.dx.astype(np.float32))
+        np.testing.assert_array_equal(got.dweight.astype(np.float32),
+                                      want.dweight.astype(np.float32))
+
+
 def test_a_strided_bfloat16_backward_has_the_contiguous_bits(rng):
     """dy and x as strided views (every other column) take the float32 dx route as contiguous
     ones do, with the row bound's keys read element by element (``_halfbits.emit_block_keys``

@@ -29,7 +29,8 @@ RMSNorm backward
                      other call runs ``_rms_bwd_v3`` (the same lanes, a row at a time).
 Rare rows of the common calls
     The pipelined RMSNorm and LayerNorm kernels only flag a rare row (a half output outside the
-    float32 route, a scaled float64 row, a Σ dxhat·x outside [SS_LO, SS_HI]) in a per-row array;
+    float32 route, a scaled float64 row, a Σ dxhat·x outside [SS_LO, SS_HI] or a saved rstd
+    of inf: ``_factored``) in a per-row array;
     after the kernel, ``_rms_fwd_redo``, ``_rms_bwd_redo``, ``_ln_fwd_redo`` or ``_ln_bwd_redo``
     writes the flagged rows again with the unpipelined row code, so they have its bits (and
     ``_rms_bwd_dweight_again`` sums the dweight row of a flagged part again: bfloat16's float32 dx
@@ -938,13 +939,22 @@ def _zero_part(parts, p):
 
 
 @njit(**_INL)
+def _factored(s, rstd_s):
+    """Whether c = s·rstd_s/K is c = Σ dxhat·xhat/K as the oracle sums it, up to rounding:
+    s within [SS_LO, SS_HI] and rstd_s not inf. (A saved rstd of inf, which a float32 rstd
+    of a half row of x ~ 2^-128 with eps = 0 is, makes every xhat infinite or NaN, and the
+    oracle's sum NaN where s·inf is ±inf.)"""
+    return SS_LO <= abs(s) <= SS_HI and rstd_s < math.inf
+
+
+@njit(**_INL)
 def _coef(s, g3, x3, b, i, w, kf, rstd_s, k):
-    """c of eq. (6), s·rstd_s/K from s = Σ_{j<K} dxhat_j·x_j·2^-k. When s left
-    [SS_LO, SS_HI] (a dy so large that dxhat·x overflowed, or so small that it lost digits or
-    underflowed to 0; also a zero dy row and a NaN row) c is summed again in the oracle's order,
-    Σ dxhat·xhat / K: rare rows only, so every other row keeps its bits (a zero dy row gets the
-    same c = ±0 either way)."""
-    if SS_LO <= abs(s) <= SS_HI:
+    """c of eq. (6), s·rstd_s/K from s = Σ_{j<K} dxhat_j·x_j·2^-k. Outside ``_factored`` (s
+    left [SS_LO, SS_HI]: a dy so large that dxhat·x overflowed, or so small that it lost digits
+    or underflowed to 0; also a zero dy row and a NaN row; or a saved rstd of inf) c is summed
+    again in the oracle's order, Σ dxhat·xhat / K: rare rows only, so every other row keeps
+    its bits (a zero dy row gets the same c = ±0 either way)."""
+    if _factored(s, rstd_s):
         return s * rstd_s / kf
     return _coef_from_xhat(g3, x3, b, i, w, kf, rstd_s, k)
 
@@ -961,11 +971,11 @@ def _coef_from_xhat(g3, x3, b, i, w, kf, rstd_s, k):
 @njit(**_INL)
 def _c_in_range(s, rstd_s, g3, b, i):
     """Whether the pipelined backward's c = s·rstd_s/N of row (b, i) is ``_coef``'s (so the row
-    need not be written again): s within [SS_LO, SS_HI], or s = 0 from a row of dy = ±0 (a
+    need not be written again): ``_factored``, or s = 0 from a row of dy = ±0 (a
     token the loss leaves out) with a finite positive rstd. Every term of s is then ±0 and
     the sum starts from +0, so c = +0 also where ``_coef`` sums it again. (A half batch of
     such rows, written again one by one on one thread, took four times the call's time.)"""
-    if SS_LO <= abs(s) <= SS_HI:
+    if _factored(s, rstd_s):
         return True
     if s != 0 or not 0 < rstd_s < math.inf:
         return False
@@ -1841,9 +1851,9 @@ _add_dot_scaled_row = njit(**_SER)(_add_dot_py)
 
 @njit(**_INL)
 def _add_coef(s, dy3, x3, r3, b, i, like, w, rstd_s, k):
-    """c of eq. (6) on h, s·rstd_s/N, as ``_coef``: rows whose s left [SS_LO, SS_HI] sum
+    """c of eq. (6) on h, s·rstd_s/N, as ``_coef``: rows outside ``_factored`` sum
     Σ dxhat·hhat / N instead."""
-    if SS_LO <= abs(s) <= SS_HI:
+    if _factored(s, rstd_s):
         return s * rstd_s / x3.shape[2]
     return _add_coef_from_hhat(dy3, x3, r3, b, i, like, w, rstd_s, k)
 
