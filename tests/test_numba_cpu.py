@@ -573,7 +573,7 @@ def test_forked_child_runs_the_kernels(rng):
     assert answer == b"same", f"the forked child answered {answer!r}"
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", _DTYPE_PARAMS)  # float16, float64: slow (their own kernels)
 def test_rows_of_zero_dy_are_not_written_again(rng, monkeypatch, dtype):
     """Rows of dy = ±0 (tokens the loss leaves out, often half a batch) keep the pipelined
     backward's bits: Σ dxhat·x is +0 and c = +0 also where the general path sums it again, so
