@@ -597,20 +597,29 @@ def _flagged_rows(redo):
     return [int(r) for r in np.flatnonzero(redo)]
 
 
+def _bf16_values(lo, hi):
+    """The bfloat16 values whose bit patterns are lo, ..., hi − 1, as float64."""
+    return np.arange(lo, hi, dtype=np.uint16).view(BF16).astype(np.float64)
+
+
+def _two_roundings(v):
+    """(twice, once, hits): the bfloat16 bits of float64 ``v`` rounded through float32 (the
+    integer route: a float32 subnormal rounds first) and rounded once, and the indices where
+    they differ with |v| below float32's normal range."""
+    twice = v.astype(np.float32).astype(BF16).view(np.uint16)
+    once = hb.encode(v.ravel(), hb.BF16_BITS).reshape(v.shape).view(np.uint16)
+    return twice, once, np.argwhere((twice != once) & (np.abs(v) < 2.0**-126))
+
+
 def _twice_rounded_case(f, ss0, n, eps):
     """(u, v, w0): bfloat16 values in [0.5, 1) and a bfloat16 subnormal w0 such that the y of
     a row with Σ of squares ss0 + 2u² + 2v² (exact in float64), y = (f·rstd)·w0 with
-    rstd = 1/sqrt(ss/n + eps), is a float32 subnormal, and rounded to bfloat16 through float32
-    (the integer route: the float32 subnormal rounds first) differs from y rounded once: a row
-    where a y rewritten once-rounded would show."""
-    grid = np.arange(0x3F00, 0x3F80, dtype=np.uint16).view(BF16).astype(np.float64)
-    w0 = np.arange(1, 128, dtype=np.uint16).view(BF16).astype(np.float64)
+    rstd = 1/sqrt(ss/n + eps), is a float32 subnormal whose two roundings (``_two_roundings``)
+    differ: a row where a y rewritten once-rounded would show."""
+    grid, w0 = _bf16_values(0x3F00, 0x3F80), _bf16_values(1, 128)
     for u in grid:
         rstd = 1.0 / np.sqrt((ss0 + 2 * u * u + 2 * grid * grid) / n + eps)
-        y = (f * rstd)[:, None] * w0[None, :]
-        twice = y.astype(np.float32).astype(BF16).view(np.uint16)
-        once = hb.encode(y.ravel(), hb.BF16_BITS).reshape(y.shape).view(np.uint16)
-        hits = np.argwhere((twice != once) & (y < 2.0**-126))  # a float32 subnormal y
+        hits = _two_roundings((f * rstd)[:, None] * w0[None, :])[2]
         if hits.size:
             i, k = hits[0]
             return u, grid[i], w0[k]
@@ -654,21 +663,18 @@ def test_a_subnormal_bfloat16_layer_norm_y_keeps_its_bits(rng):
 
 
 def _ln_dx_twice_rounded_case(x_row, mu, rstd, n):
-    """(c, w_c, g): a column c of the first three blocks, a bfloat16 weight in [0.5, 2) and a
-    bfloat16 subnormal g such that the dx_c of a row of dy = 0 but for dy_c = g (so Σ dxhat =
-    g·w_c and Σ dxhat·(x − mu) = g·w_c·(x_c − mu), as the kernel sums them, exactly) is a
-    float32 subnormal that rounds to bfloat16 differently through float32 and once; with its
-    two roundings' bits."""
-    w_c = np.arange(0x3F00, 0x4000, dtype=np.uint16).view(BF16).astype(np.float64)[:, None]
-    g = np.arange(1, 128, dtype=np.uint16).view(BF16).astype(np.float64)[None, :]
+    """(c, w_c, g, twice, once): a column c of the first three blocks, a bfloat16 weight in
+    [0.5, 2) and a bfloat16 subnormal g such that the dx_c of a row of dy = 0 but for dy_c = g
+    (so Σ dxhat = g·w_c and Σ dxhat·(x − mu) = g·w_c·(x_c − mu), as the kernel sums them,
+    exactly) is a float32 subnormal whose two roundings differ; with their bits."""
+    w_c = _bf16_values(0x3F00, 0x4000)[:, None]
+    g = _bf16_values(1, 128)[None, :]
     gw = g * w_c  # exact
     for c in range(3 * 64):
         d = x_row[c] - mu
         c1, c2 = gw / n, (gw * d) * rstd / n  # (8)-(9)
         dx = rstd * (gw - c1 - (d * rstd) * c2)  # (10), as the kernel's ``_ln_dx``
-        twice = dx.astype(np.float32).astype(BF16).view(np.uint16)
-        once = hb.encode(dx.ravel(), hb.BF16_BITS).reshape(dx.shape).view(np.uint16)
-        hits = np.argwhere((twice != once) & (np.abs(dx) < 2.0**-126))
+        twice, once, hits = _two_roundings(dx)
         if hits.size:
             i, k = hits[0]
             return c, w_c[i, 0], g[0, k], twice[i, k], once[i, k]
