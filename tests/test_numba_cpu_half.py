@@ -2,13 +2,14 @@
 and how often half outputs equal the oracle's bit for bit, on every bit pattern.
 
 The contract (rmsref.kernels.numba_cpu, "Numerical contract"): RMSNorm's y is computed in
-float32 arithmetic, fl(fl(x·fl(rstd))·fl(w')), then rounded to the half type; RMSNorm dx, with
-a weight of few enough bits, in compensated float32 arithmetic; LayerNorm's dx and y, and every
-other RMSNorm dx, in float64, as for every other dtype, rounded to the half type
-through float32; a row with an output that rounds to inf or is NaN (or, for y, an rstd outside
-[2^-100, 2^100], or an x·rstd of a nonzero x below float32's normal range) is computed in
-float64 and rounded once. So >= 99.9 % of the elements equal the oracle's float64 value
-rounded once, and the rest are one ulp from it.
+float32 arithmetic, fl(fl(x·fl(rstd))·fl(w')), then rounded to the half type, and so is
+LayerNorm's y without a bias, with its mean in two float32 parts; RMSNorm dx, with a weight of
+few enough bits, in compensated float32 arithmetic; LayerNorm's dx and its y with a bias, and
+every other RMSNorm dx, in float64, as for every other dtype, rounded to the half type
+through float32; a row with an output that rounds to inf or is NaN (or, for RMSNorm's y, an rstd
+outside [2^-100, 2^100], or an x·rstd of a nonzero x below float32's normal range; for LayerNorm's,
+a mean that ``_mu_parts`` cannot carry) is computed in float64 and rounded once. So >= 99.9 % of the
+elements equal the oracle's float64 value rounded once, and the rest are one ulp from it.
 
 References: NumPy float32 arithmetic and ml_dtypes/NumPy casts (the float32 route, bit for
 bit), the exact one-rounding encoder ``rmsref.kernels._halfbits.encode`` (tested in
@@ -264,6 +265,110 @@ def test_layer_norm_rows_written_again_have_the_oracle_bits(rng):
     want = rmsref.layer_norm_forward(x, n, w, out_dtype=BF16)[0]
     assert (np.abs(want.astype(np.float64)[:, ::3]) < 2.0**-126).all()  # the rows are flagged
     np.testing.assert_array_equal(y.view(np.uint16), want.view(np.uint16))
+
+
+def _ln_fwd_direct(x, w, eps, y_dtype, ww):
+    """``_ln_fwd`` on the rows of x without a bias, the weight in float32 (``ww`` True: the
+    float32 y) or not: (y bits, the flagged rows), before any row is written again."""
+    m, n = x.shape
+    x3 = K._bits(x.reshape(1, m, n))
+    y3 = np.empty((1, m, n), hb.BF16_BITS if y_dtype == BF16 else hb.F16_BITS)
+    mean, rstd = np.empty(m), np.empty(m)
+    redo = np.empty(m, np.bool_)
+    w64 = w.astype(np.float64)
+    K._ln_fwd(x3, w64, w.astype(np.float32) if ww else None, np.full(n, -0.0), eps, y3, mean,
+              rstd, redo, None, 0, -(-m // K.ROWS_PER_BLOCK))
+    return y3[0].view(np.uint16), _flagged_rows(redo)
+
+
+def _ln_y32_numpy(x, w, eps):
+    """LayerNorm's y without a bias as ``_ln_y32`` computes it, in NumPy float32 arithmetic:
+    ((x − mu_hi) − mu_lo)·fl32(rstd)·fl32(w), mu_hi = fl32(mu), mu_lo = fl32(mu − mu_hi),
+    from the kernel's float64 statistics (``_ln_stats``)."""
+    m, n = x.shape
+    x3 = K._bits(x.reshape(1, m, n))
+    y32 = np.empty((m, n), np.float32)
+    for r in range(m):
+        mu, rstd = K._ln_stats(K._sum_lanes(x3, 0, r), x3, 0, r, eps)
+        mu_hi = np.float32(mu)
+        mu_lo = np.float32(mu - np.float64(mu_hi))
+        with np.errstate(under="ignore"):
+            d = (x[r].astype(np.float32) - mu_hi) - mu_lo
+            y32[r] = d * np.float32(rstd) * w.astype(np.float32)
+    return y32
+
+
+@pytest.mark.parametrize("x_dtype, y_dtype", [
+    (BF16, BF16), (np.dtype(np.float16), np.dtype(np.float16)), (np.dtype(np.float32), BF16),
+], ids=["bfloat16", "float16", "float32-x-bfloat16-y"])
+def test_layer_norm_y_without_a_bias_is_its_float32_route(rng, x_dtype, y_dtype):
+    """A half LayerNorm y without a bias is computed in float32 arithmetic (``_ln_y32``): bit
+    for bit the NumPy float32 emulation rounded once to the half type, on rows of mean 0.3
+    and 100 (where x − mu cancels: mu's second part matters), with no row flagged; and that
+    emulation is not the float64 route's y (rounded through float32), which differs from it
+    in some elements of these rows (14-47 of the million here), so the test tells the two
+    routes apart."""
+    m, n = 256, 4096
+    x = (rng.standard_normal((m, n)) + np.where(np.arange(m) % 2, 100.0, 0.3)[:, None])
+    x = x.astype(np.float32).astype(x_dtype)
+    w = rng.uniform(0.5, 1.5, n).astype(y_dtype)
+    eps = 1e-5
+    got = K.layer_norm_forward(x, n, w, eps=eps, out_dtype=y_dtype)[0].view(np.uint16)
+    want = _ln_y32_numpy(x, w, eps).astype(y_dtype).view(np.uint16)
+    bad = np.argwhere(got != want)
+    assert bad.size == 0, f"{len(bad)} elements differ from the float32 route, first {bad[0]}"
+    y, flagged = _ln_fwd_direct(x, w, eps, y_dtype, ww=True)
+    assert flagged == [] and np.array_equal(y, got)
+    y64, _ = _ln_fwd_direct(x, w, eps, y_dtype, ww=False)
+    assert (y64 != got).any()
+    assert K._ln_f32_weight(w, False, K._bits(x), K._bits(got.view(y_dtype))) is not None
+
+
+def test_the_float32_layer_norm_y_is_taken_for_half_outputs_without_a_bias():
+    """``_ln_f32_weight`` (the route, a type): a half y of half or float32 x without a bias;
+    not with a bias, for float64 x, or for a float32 y."""
+    w = np.ones(8)
+    half = {d: np.zeros((1, 1, 8), b) for d, b in (("bf16", hb.BF16_BITS), ("f16", hb.F16_BITS))}
+    f32, f64 = np.zeros((1, 1, 8), np.float32), np.zeros((1, 1, 8))
+    for x3 in (half["bf16"], half["f16"], f32):
+        assert K._ln_f32_weight(w, False, x3, half["bf16"]).dtype == np.float32
+        assert K._ln_f32_weight(w, True, x3, half["bf16"]) is None
+    assert K._ln_f32_weight(w, False, f64, half["bf16"]) is None
+    assert K._ln_f32_weight(w, False, half["bf16"], f32) is None
+
+
+def test_the_float32_layer_norm_y_sends_rows_it_cannot_carry_to_float64():
+    """Rows the float32 y would get wrong are flagged (``_mu_parts``) and written in float64,
+    so they keep the contract: 64 rows of 256, bfloat16 x of mean 0 exactly in rows 5 and 6
+    (d = x then, of any size) and a float32-x row whose mean is a float32 subnormal plus a part
+    no float32 holds (a bfloat16 y). In row 6 an x_j = ±2^-133 beside values ±2^20 gives
+    x_j·rstd ~ 2^-153, which float32 rounds to 0, and a weight of 2^30 makes y_j a normal
+    bfloat16: the float32 formula is far off there. Every other row is taken."""
+    rng = np.random.default_rng(5)
+    m, n = 64, 256
+    x = rng.standard_normal((m, n)).astype(BF16)
+    w = rng.uniform(0.5, 1.5, n).astype(BF16)
+    x[5] = _zero_mean_rows(rng, 1, n, [])[0]
+    x[6, 0::2], x[6, 1::2] = 2.0**20, -(2.0**20)
+    x[6, :2] = 2.0**-133, -(2.0**-133)
+    w[0] = 2.0**30
+    y, flagged = _ln_fwd_direct(x, w, 1e-5, BF16, ww=True)
+    assert flagged == [5, 6]
+    want = rmsref.layer_norm(x, n, w)
+    naive = _ln_y32_numpy(x[6:7], w, 1e-5).astype(BF16)
+    assert abs(int(naive.view(np.int16)[0, 0]) - int(want.view(np.int16)[6, 0])) > 1
+    _contract("layer_norm y", K.layer_norm(x, n, w), want, BF16)
+    # float32 x: mean a + δ/3, a = 2^-140, δ = 2^-149: mu_lo rounds to 0 and δ/3 is lost;
+    # eps = 2^-200 keeps rstd near 2^100, so y of x = a is the normal −(δ/3)·rstd·w, not 0
+    xf = np.full((1, 3), 2.0**-140, np.float32)
+    xf[0, 2] += np.float32(2.0**-149)
+    wf = np.ones(3, BF16)
+    _, flagged = _ln_fwd_direct(xf, wf, 2.0**-200, BF16, ww=True)
+    assert flagged == [0]
+    got = K.layer_norm_forward(xf, 3, wf, eps=2.0**-200, out_dtype=BF16)[0]
+    want = rmsref.layer_norm_forward(xf, 3, wf, eps=2.0**-200, out_dtype=BF16)[0]
+    assert want.astype(np.float32)[0, 0] < 0
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
 
 
 @pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float16)], ids=["bfloat16", "float16"])
@@ -657,7 +762,7 @@ def test_a_subnormal_bfloat16_layer_norm_y_keeps_its_bits(rng):
     assert got.view(np.uint16)[3, 0] != want.view(np.uint16)[3, 0]
     x3, y3 = K._bits(x.reshape(1, m, n)), np.empty((1, m, n), np.int16)
     mean, rstd, redo = np.empty(m, np.float32), np.empty(m, np.float32), np.empty(m, np.bool_)
-    K._ln_fwd(x3, w.astype(np.float64), b.astype(np.float64), 1e-5, y3, mean, rstd, redo,
+    K._ln_fwd(x3, w.astype(np.float64), None, b.astype(np.float64), 1e-5, y3, mean, rstd, redo,
               K._bf16_by_cpu(y3), 0, -(-m // K.ROWS_PER_BLOCK))
     assert _flagged_rows(redo) == ([3, 40] if hb.BF16_HW_FLUSHED else [])
 
@@ -887,6 +992,8 @@ def test_every_bit_pattern_keeps_the_contract(rng, dtype):
             dx_o = rmsref.rms_norm_backward(dy, xs, n, w, rstd=rstd).dx
             ly, mu, ls = K.layer_norm_forward(xs, n, w, b)
             ly_o = rmsref.layer_norm(xs, n, w, b)
+            ly0 = K.layer_norm(xs, n, w)  # no bias: the float32 y
+            ly0_o = rmsref.layer_norm(xs, n, w)
             ldx = K.layer_norm_backward(dy, xs, n, w, mean=mu, rstd=ls).dx
             ldx_o = rmsref.layer_norm_backward(dy, xs, n, w, mean=mu, rstd=ls).dx
             ay, ares, _ = K.add_rms_norm_forward(xs, dy, n, w)
@@ -894,6 +1001,7 @@ def test_every_bit_pattern_keeps_the_contract(rng, dtype):
             same = ares.view(np.uint16) == ares_o.view(np.uint16)
             assert (same | np.isnan(ares_o.astype(np.float32))).all(), "new residual differs"
             for what, got, want in (("y", y, y_o), ("dx", dx, dx_o), ("layer_norm y", ly, ly_o),
+                                    ("layer_norm y, no bias", ly0, ly0_o),
                                     ("layer_norm dx", ldx, ldx_o), ("add_rms_norm y", ay, ay_o)):
                 if exact:
                     same = got.view(np.uint16) == want.view(np.uint16)

@@ -77,15 +77,19 @@ Numerical contract
   for rare last-bit ties (tests: >= 99.9 % equal, rest within 1 ulp).
 - Half outputs (bfloat16, float16) keep the float64 statistics, and take float32 for the last
   step, as torch's opmath does: RMSNorm's y is computed in float32 arithmetic,
-  fl(fl(x·fl(rstd))·fl(w')) (x and a half weight are exact in float32), and LayerNorm's dx, its y
-  and the fused add's y are computed in float64 and rounded to float32 first; the float32 value
-  is then rounded (RNE) to the half type. RMSNorm dx, where dy, x and dx share a half format and
-  the weight allows it (at most 13 significant bits for float16, 16 for bfloat16, as a weight
-  of that format has: ``_f32_weight``), is computed in float32 arithmetic, compensated:
-  dx = rstd·(g·w − x·(rstd·c)) with g·w exact, rstd·c carried in two float32 parts of one sign
-  and each product added by a fused multiply-add, so the difference keeps 24 bits however much
-  its terms cancel (``_dxhat_minus_proj``; a plain float32 dx, measured in bench/halfbwd.py,
-  loses the contract below where dy lies along y); for bfloat16, whose exponent range is
+  fl(fl(x·fl(rstd))·fl(w')) (x and a half weight are exact in float32), and so is LayerNorm's y
+  without a bias, fl(fl(fl(fl(x − mu_hi) − mu_lo)·fl(rstd))·fl(w)), with the float64 mean in two
+  float32 parts (``_mu_parts``: d = x − mu then keeps nearly 24 bits however much it cancels; a row
+  where it might not, or where an (x − mu)·rstd could underflow, as in a row of mean 0, is flagged);
+  LayerNorm's dx, its y with a bias (y + b can cancel far below the float32 y's error) and the fused
+  add's y are computed in float64 and rounded to float32 first; the float32 value is then rounded
+  (RNE) to the half type. RMSNorm dx, where dy, x and dx share a half format and the weight allows
+  it (at most 13 significant bits for float16, 16 for bfloat16, as a weight of that format has:
+  ``_f32_weight``), is computed in float32 arithmetic, compensated: dx = rstd·(g·w − x·(rstd·c))
+  with g·w exact, rstd·c carried in two float32 parts of one sign and each product added by a fused
+  multiply-add, so the difference keeps 24 bits however much its terms cancel
+  (``_dxhat_minus_proj``; a plain float32 dx, measured in bench/halfbwd.py, loses the contract below
+  where dy lies along y); for bfloat16, whose exponent range is
   float32's, the difference is scaled by a power of two near rstd and dx by its inverse
   (``_dx_scale``), so that underflow inside cannot reach an ordinary dx. With other weights
   RMSNorm dx is computed in float64, rounded through float32. So an element may differ from
@@ -2104,25 +2108,78 @@ def _ln_stats(s, x3, b, i, eps):
 
 
 @njit(**_INL)
-def _ln_write_and_sum(x3, b, i, w, bias, y3, mu, rstd, b1, i1, hw):
+def _mu_parts(mu, rstd):
+    """(mu_hi, mu_lo, whether the row may take the float32 y): mu in two float32 parts, mu_hi
+    = fl32(mu), mu_lo = fl32(mu − mu_hi), for d = (x − mu_hi) − mu_lo in float32
+    (``_ln_y32``).
+
+    Why d then carries x − mu to a few float32 roundings (x on float32's grid, as every half
+    and float32 value is), where mu's part below mu_lo (``rest``) is zero or mu_lo is normal
+    (then |rest| <= 2^-24·|mu_lo|):
+
+    - x = mu_hi: d = −mu_lo, which is x − mu but for ``rest``.
+    - x ≠ mu_hi: |x − mu| is at least half the gap beside mu_hi (the float32 value nearest
+      mu), so at least 2^-26·|mu| and at least |mu_lo|. Either x is within a factor 2 of
+      mu_hi, x − mu_hi is exact and d one rounding of it minus mu_lo; or |x − mu_hi| >=
+      |mu_hi|/2, and subtracting mu_lo cancels nothing: two roundings.
+
+    So every nonzero |d| is at least about d_min = min(2^-26·|mu|, |mu_lo|), and
+    d_min·rstd >= 2^-125 keeps every xhat = d·rstd a normal float32: none loses bits to
+    underflow, which a large weight could lift into a normal y. A zero mean fails this (d = x
+    then, of any size), and its row takes the float64 route. Products that overflow give an
+    inf or NaN y, which the loop flags (``outside_work``)."""
+    mu_hi = np.float32(mu)
+    lo = mu - np.float64(mu_hi)  # exact: mu_hi is mu rounded
+    mu_lo = np.float32(lo)
+    rest = lo - np.float64(mu_lo)  # exact too
+    d_min = 2.0**-26 * abs(mu)
+    if mu_lo != 0:
+        d_min = min(d_min, abs(np.float64(mu_lo)))
+    ok = (rest == 0 or abs(mu_lo) >= TINY32) and d_min * rstd >= 2.0**-125
+    return mu_hi, mu_lo, ok
+
+
+@njit(**_INL)
+def _ln_y64(xv, mu, rstd, wj, bj):
+    """Eqs. (5)-(6) in float64: y_j = (x_j − mu)·rstd·w_j + b_j (scalars only, as ``_ln_dx``)."""
+    return (xv - mu) * rstd * wj + bj
+
+
+@njit(**_INL)
+def _ln_y32(xw, mu_hi, mu_lo, rstd_w, wwj):
+    """Eqs. (5)-(6) in float32, no bias: y_j = ((x_j − mu_hi) − mu_lo)·rstd·w_j
+    (``_mu_parts``)."""
+    return ((xw - mu_hi) - mu_lo) * rstd_w * wwj
+
+
+@njit(**_INL)
+def _ln_write_and_sum(x3, b, i, w, ww, bias, y3, mu, rstd, b1, i1, hw):
     """Row (b, i)'s y = (x − mu)·rstd·w + b while summing Σx of row (b1, i1) in the lanes of
     ``_sum_lanes`` (same order, so the same bits). Eqs. (5)-(6). Without a bias, b is a row of
     -0.0, the exact additive identity (v + (-0.0) is v, bit for bit, also for v = ±0): no
     per-element branch, which kept this loop from vectorising. Returns the sum and whether
-    row (b, i) must be written again (``_ln_fwd_redo``). ``hw``: None, or True where the CPU
-    rounds the block's float32 y to bfloat16 (``_bf16_by_cpu``: ``store_lanes_flushed``, as the
-    RMSNorm backward's dx); a subnormal y then flags the row too."""
+    row (b, i) must be written again (``_ln_fwd_redo``). ``ww``: None, y in float64 rounded
+    to the working precision; or the weight in float32 (``_ln_f32_weight``: a half y, no
+    bias), y in float32 arithmetic (``_ln_y32``; a row outside ``_mu_parts`` is flagged).
+    ``hw``: None, or True where the CPU rounds the block's float32 y to bfloat16
+    (``_bf16_by_cpu``: ``store_lanes_flushed``, as the RMSNorm backward's dx); a subnormal y
+    then flags the row too."""
     n = x3.shape[2]
     acc = _lanes()
     y_blk = _lanes32()  # the block's float32 y, for ``store_lanes_flushed``
-    outside = False  # whether the row needs ``_ln_fwd_redo``
+    mu_hi, mu_lo, ok = _mu_parts(mu, rstd)  # the float32 route's mu and rows
+    rstd_w = np.float32(rstd)
+    outside = ww is not None and not ok  # whether the row needs ``_ln_fwd_redo``
     n64 = n - n % LANES
     for j0 in range(0, n64, LANES):
         _read_ahead(x3, (b1, i1, j0))
         _write_ahead(y3, (b, i, j0))
         for lane in range(LANES):
             j = j0 + lane
-            yj = as_work((to_f64(x3[b, i, j]) - mu) * rstd * w[j] + bias[j], x3, y3)
+            if ww is None:
+                yj = as_work(_ln_y64(to_f64(x3[b, i, j]), mu, rstd, w[j], bias[j]), x3, y3)
+            else:
+                yj = _ln_y32(to_work(x3[b, i, j], y3), mu_hi, mu_lo, rstd_w, ww[j])
             if hw is None:
                 y3[b, i, j] = from_work(yj, y3)
             else:
@@ -2134,7 +2191,10 @@ def _ln_write_and_sum(x3, b, i, w, bias, y3, mu, rstd, b1, i1, hw):
             acc[lane] += to_f64(x3[b1, i1, j0 + lane])  # (1) of the next row
     for lane in range(n - n64):
         j = n64 + lane
-        yj = as_work((to_f64(x3[b, i, j]) - mu) * rstd * w[j] + bias[j], x3, y3)
+        if ww is None:
+            yj = as_work(_ln_y64(to_f64(x3[b, i, j]), mu, rstd, w[j], bias[j]), x3, y3)
+        else:
+            yj = _ln_y32(to_work(x3[b, i, j], y3), mu_hi, mu_lo, rstd_w, ww[j])
         y3[b, i, j] = from_work(yj, y3)
         outside |= outside_work(yj, y3)
         acc[lane] += to_f64(x3[b1, i1, j])
@@ -2146,15 +2206,16 @@ def _ln_write_exact(x3, b, i, w, bias, y3, mu, rstd):
     """Row (b, i)'s y again, rounded once by ``from_f64`` (a half row with an inf or NaN, or
     a float64 value outside the bfloat16 normal range: see ``_halfbits.from_work``)."""
     for j in range(x3.shape[2]):
-        y3[b, i, j] = from_f64((to_f64(x3[b, i, j]) - mu) * rstd * w[j] + bias[j], y3)
+        y3[b, i, j] = from_f64(_ln_y64(to_f64(x3[b, i, j]), mu, rstd, w[j], bias[j]), y3)
 
 
 @njit(**_PAR)
-def _ln_fwd(x3, w, bias, eps, y3, mean_out, rstd_out, redo, hw, t0, t1):
+def _ln_fwd(x3, w, ww, bias, eps, y3, mean_out, rstd_out, redo, hw, t0, t1):
     """The rows of blocks [t0, t1) as one run through the pipelined loop, as
     ``_rms_fwd_pipelined`` (the last row sums itself again, unused); a half row with a y
-    outside the normal range (or one the CPU flushed: ``hw``, ``_bf16_by_cpu``) is flagged in
-    ``redo`` and written again by ``_ln_fwd_redo``."""
+    outside the normal range (or one the CPU flushed: ``hw``, ``_bf16_by_cpu``; or, with
+    ``ww``, one outside ``_mu_parts``) is flagged in ``redo`` and written again by
+    ``_ln_fwd_redo``."""
     _wide_vectors_for(x3)
     nr = x3.shape[1]
     r0, r1 = _task_rows(x3.shape[0] * nr, t0, t1, ROWS_PER_BLOCK)
@@ -2167,7 +2228,7 @@ def _ln_fwd(x3, w, bias, eps, y3, mean_out, rstd_out, redo, hw, t0, t1):
         mu, rstd = _ln_stats(s, x3, b, i, eps)  # (1)-(4)
         mean_out[r] = mu
         rstd_out[r] = rstd
-        s, redo[r] = _ln_write_and_sum(x3, b, i, w, bias, y3, mu, rstd, b1, i1, hw)
+        s, redo[r] = _ln_write_and_sum(x3, b, i, w, ww, bias, y3, mu, rstd, b1, i1, hw)
         b, i = b1, i1
 
 
@@ -2175,25 +2236,38 @@ def _ln_fwd(x3, w, bias, eps, y3, mean_out, rstd_out, redo, hw, t0, t1):
 def _ln_fwd_redo(x3, w, bias, eps, y3, redo, r0, r1):
     """y of the rows in [r0, r1) that ``_ln_fwd`` flagged, with the float64 statistics
     recomputed by the same code (so the same bits: a half input saves them in float32): by
-    the loop's element-by-element rounding (``hw`` None: a row whose y the CPU flushed), and
-    where a y is inf or NaN there, by ``_ln_write_exact``. Compiled by the first call that
-    flags a row."""
+    the loop's float64 route rounded element by element (``ww`` and ``hw`` None: a row the
+    float32 y cannot carry, ``_mu_parts``, or whose y the CPU flushed), and where a y is inf
+    or NaN there, by ``_ln_write_exact``. Compiled by the first call that flags a row."""
     nr = x3.shape[1]
     for r in range(r0, r1):
         if redo[r]:
             b, i = r // nr, r % nr
             mu, rstd = _ln_stats(_sum_lanes(x3, b, i), x3, b, i, eps)  # (1)-(4)
-            _, outside = _ln_write_and_sum(x3, b, i, w, bias, y3, mu, rstd, b, i, None)
+            _, outside = _ln_write_and_sum(x3, b, i, w, None, bias, y3, mu, rstd, b, i, None)
             if outside:  # an inf or NaN y: rounded once
                 _ln_write_exact(x3, b, i, w, bias, y3, mu, rstd)
 
 
-def _ln_fwd_rows(x3, w, bias, eps, y3, mean_out, rstd_out, t0, t1):
+def _ln_f32_weight(w: np.ndarray, has_bias: bool, x3: np.ndarray,
+                   y3: np.ndarray) -> np.ndarray | None:
+    """The weight in float32 where LayerNorm's y is computed in float32 arithmetic
+    (``_ln_y32``): a half y of half or float32 x (``_halfbits``' float32 route), and no bias
+    (y + b can cancel to far below the float32 y's error, which a row test cannot rule out
+    without flagging most rows of ordinary data). Else None: y in float64, rounded to the
+    working precision. A type, as ``_tail``: each kernel is compiled with one of the two."""
+    if has_bias or y3.dtype not in (BF16_BITS, F16_BITS) or x3.dtype == np.float64:
+        return None
+    with np.errstate(over="ignore"):
+        return w.astype(np.float32)  # a weight beyond float32 gives an inf y: a flagged row
+
+
+def _ln_fwd_rows(x3, w, ww, bias, eps, y3, mean_out, rstd_out, t0, t1):
     """``_ln_fwd`` on blocks [t0, t1), then ``_ln_fwd_redo`` for the rows it flagged."""
     m = x3.shape[0] * x3.shape[1]
     r0, r1 = _task_rows_py(m, t0, t1, ROWS_PER_BLOCK)
     redo = np.empty(m, np.bool_)  # only rows [r0, r1) are written and read
-    _ln_fwd(x3, w, bias, eps, y3, mean_out, rstd_out, redo, _bf16_by_cpu(y3), t0, t1)
+    _ln_fwd(x3, w, ww, bias, eps, y3, mean_out, rstd_out, redo, _bf16_by_cpu(y3), t0, t1)
     if redo[r0:r1].any():
         _ln_fwd_redo(x3, w, bias, eps, y3, redo, r0, r1)
 
@@ -2908,9 +2982,10 @@ def layer_norm_forward(
     m = x3.shape[0] * x3.shape[1]
     mean = np.empty(m, _stat_dtype(x.dtype))
     rstd = np.empty(m, _stat_dtype(x.dtype))
+    ww = _ln_f32_weight(w, b is not None, x3, y3)
     if b is None:
         b = np.full(n, -0.0)  # the exact additive identity (see _ln_write_and_sum)
-    _launch(_ln_fwd_rows, -(-m // ROWS_PER_BLOCK), x.size, x3, w, b, eps, y3, mean, rstd)
+    _launch(_ln_fwd_rows, -(-m // ROWS_PER_BLOCK), x.size, x3, w, ww, b, eps, y3, mean, rstd)
     _written(y3, y)
     stat = stat_shape(x, shape)
     return y, mean.reshape(stat), rstd.reshape(stat)
