@@ -100,12 +100,12 @@ def _kernels():
         return t
 
     @njit(**opts)
-    def add_fwd_row(x3, r3, w, y3, res3, hw, reps):
+    def add_fwd_row(x3, r3, w, ww, y3, res3, hw, reps):
         K._wide_vectors_for(x3)  # as the kernels: 512-bit vectors for half rows
         t = 0.0
         for rep in range(reps):
             s, outside, y_flushed, res_flushed = K._add_write_and_sumsq(
-                x3, r3, None, 0, 0, w, y3, 1.0 + rep * 1e-9, res3, 0, 1, hw)
+                x3, r3, None, 0, 0, w, ww, y3, 1.0 + rep * 1e-9, res3, 0, 1, hw)
             t += s + outside + y_flushed + res_flushed  # every result used
         return t
 
@@ -210,8 +210,8 @@ def measure(dtype: np.dtype, n: int, reps: int, rounds: int) -> dict[str, float]
         "fwd row": lambda r: fwd_row(x3, w, y3, w_floor, r),
         "write row": lambda r: write_row(x3, w, y3, r),
         "bwd row": lambda r: bwd_row(g3, x3, w, w32, y3, parts, *_f32_row_types(x3, y3, w32), r),
-        "add fwd row": lambda r: add_fwd_row(x3, r3, w, y3, res3, K._add_by_cpu(x3, r3, y3, res3),
-                                             r),
+        "add fwd row": lambda r: add_fwd_row(x3, r3, w, K._add_f32_weight(w, x3, r3, y3), y3,
+                                             res3, K._add_by_cpu(x3, r3, y3, res3), r),
         "add bwd row": lambda r: add_bwd_row(g3, x3, r3, w, y3, res3, parts, r),
     }
     for call in calls.values():

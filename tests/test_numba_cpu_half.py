@@ -3,12 +3,13 @@ and how often half outputs equal the oracle's bit for bit, on every bit pattern.
 
 The contract (rmsref.kernels.numba_cpu, "Numerical contract"): RMSNorm's y is computed in
 float32 arithmetic, fl(fl(x·fl(rstd))·fl(w')), then rounded to the half type, and so is
-LayerNorm's y without a bias, with its mean in two float32 parts; RMSNorm dx, with a weight of
-few enough bits, in compensated float32 arithmetic; LayerNorm's dx and its y with a bias, and
-every other RMSNorm dx, in float64, as for every other dtype, rounded to the half type
-through float32; a row with an output that rounds to inf or is NaN (or, for RMSNorm's y, an rstd
-outside [2^-100, 2^100], or an x·rstd of a nonzero x below float32's normal range; for LayerNorm's,
-a mean that ``_mu_parts`` cannot carry) is computed in float64 and rounded once. So >= 99.9 % of the
+LayerNorm's y without a bias, with its mean in two float32 parts, and the fused add's y where x,
+the residual and y share a half format; RMSNorm dx, with a weight of few enough bits, in
+compensated float32 arithmetic; LayerNorm's dx and its y with a bias, and every other RMSNorm
+dx, in float64, as for every other dtype, rounded to the half type through float32; a row with
+an output that rounds to inf or is NaN (or, for RMSNorm's y, an rstd outside [2^-100, 2^100], or
+an x·rstd of a nonzero x below float32's normal range; for LayerNorm's, a mean that
+``_mu_parts`` cannot carry) is computed in float64 and rounded once. So >= 99.9 % of the
 elements equal the oracle's float64 value rounded once, and the rest are one ulp from it.
 
 References: NumPy float32 arithmetic and ml_dtypes/NumPy casts (the float32 route, bit for
@@ -324,9 +325,82 @@ def test_layer_norm_y_without_a_bias_is_its_float32_route(rng, x_dtype, y_dtype)
     assert K._ln_f32_weight(w, False, K._bits(x), K._bits(got.view(y_dtype))) is not None
 
 
-def test_the_float32_layer_norm_y_is_taken_for_half_outputs_without_a_bias():
+def test_a_subnormal_layer_norm_y_without_a_bias_has_the_float32_routes_bits(rng):
+    """Subnormal bfloat16 y on the float32 route (weights of 2^-130 in every seventh column):
+    into a C-contiguous y, which the CPU rounds where it can (a flushed y flags its row,
+    written again by the loop's own route, element by element), and into a strided one
+    (element by element throughout), y has the NumPy float32 emulation's bits, so no bit
+    depends on the CPU. Every row is flagged where the CPU rounds, and the float64 route
+    differs from the float32 one in some of their normal elements, so a row written again
+    by the wrong route would show."""
+    m, n = 256, 4096
+    x = (rng.standard_normal((m, n)) + np.where(np.arange(m) % 2, 100.0, 0.3)[:, None])
+    x = x.astype(np.float32).astype(BF16)
+    w = rng.uniform(0.5, 1.5, n).astype(BF16)
+    w[::7] = 2.0**-130
+    want = _ln_y32_numpy(x, w, 1e-5).astype(BF16).view(np.uint16)
+    assert (np.abs(want.view(BF16).astype(np.float32)[:, ::7]) < 2.0**-126).all()
+    assert (_ln_fwd_direct(x, w, 1e-5, BF16, ww=False)[0] != want).any()
+    strided = np.empty((m, 2 * n), BF16)[:, ::2]
+    for out in (np.empty((m, n), BF16), strided):
+        got = K.layer_norm_forward(x, n, w, out=out)[0].view(np.uint16)
+        bad = np.argwhere(got != want)
+        assert bad.size == 0, f"{len(bad)} elements differ, first at {tuple(bad[0])}"
+
+
+def _add_y32_numpy(x, res, w, rstd, rounding):
+    """The fused add's y on the float32 route in NumPy: fl32(h)·rstd·w in float32 arithmetic,
+    h = x + res exactly (float64), rounded to x's type first for the rounded sum."""
+    h = x.astype(np.float64) + res.astype(np.float64)
+    if rounding == "rounded-sum":
+        h = h.astype(x.dtype)
+    with np.errstate(under="ignore"):
+        return (h.astype(np.float32) * rstd.astype(np.float32)) * w.astype(np.float32)
+
+
+@pytest.mark.parametrize("rounding", ["fp32-sum", "rounded-sum"])
+@pytest.mark.parametrize("dtype, tiny", [(BF16, False), (BF16, True),
+                                         (np.dtype(np.float16), False)],
+                         ids=["bfloat16", "bfloat16-subnormal-y", "float16"])
+def test_the_fused_add_y_is_its_float32_route(rng, dtype, tiny, rounding):
+    """The fused add's half y (x and the residual of its format) is computed in float32
+    arithmetic, fl(fl(fl32(h)·fl(rstd))·w): bit for bit the NumPy emulation rounded once to
+    the half type, also where y is subnormal (weights of 2^-130 in every seventh column:
+    where the CPU rounds, every row is flagged and written again by the same route), with no
+    row flagged for the float64 route; and the float64 route's y differs from it in some
+    elements, so the test tells the two apart (and would tell a row written again by the
+    wrong one)."""
+    m, n = 256, 4096
+    x = rng.standard_normal((m, n)).astype(dtype)
+    res = rng.standard_normal((m, n)).astype(dtype)
+    w = rng.uniform(0.5, 1.5, n).astype(dtype)
+    if tiny:
+        w[::7] = 2.0**-130
+    y, _, rstd = K.add_rms_norm_forward(x, res, n, w, 1e-6, rounding=rounding)
+    want = _add_y32_numpy(x, res, w, rstd, rounding).astype(dtype).view(np.uint16)
+    bad = np.argwhere(y.view(np.uint16) != want)
+    assert bad.size == 0, f"{len(bad)} elements differ, first at {tuple(bad[0])}"
+    x3, r3 = K._bits(x.reshape(1, m, n)), K._bits(res.reshape(1, m, n))
+    like = x3 if rounding == "rounded-sum" else None
+    w64 = w.astype(np.float64)
+    ww = K._add_f32_weight(w64, x3, r3, x3)
+    assert ww is not None
+    for route in (ww, None):
+        y3, res3 = np.empty_like(x3), np.empty_like(x3)
+        rstd3, redo = np.empty(m, np.float32), np.zeros(m, np.uint8)
+        K._add_rms_fwd(x3, r3, like, w64, route, 1e-6, y3, res3, rstd3, redo, None, 0,
+                       -(-m // K.ROWS_PER_BLOCK))
+        if route is ww:
+            assert not redo.any()
+            assert np.array_equal(y3[0].view(np.uint16), want)
+        else:
+            assert (y3[0].view(np.uint16) != want).any()
+
+
+def test_the_float32_y_routes_are_taken_where_they_keep_the_contract():
     """``_ln_f32_weight`` (the route, a type): a half y of half or float32 x without a bias;
-    not with a bias, for float64 x, or for a float32 y."""
+    not with a bias, for float64 x, or for a float32 y. ``_add_f32_weight``: x, the residual
+    and y of one half format."""
     w = np.ones(8)
     half = {d: np.zeros((1, 1, 8), b) for d, b in (("bf16", hb.BF16_BITS), ("f16", hb.F16_BITS))}
     f32, f64 = np.zeros((1, 1, 8), np.float32), np.zeros((1, 1, 8))
@@ -335,6 +409,13 @@ def test_the_float32_layer_norm_y_is_taken_for_half_outputs_without_a_bias():
         assert K._ln_f32_weight(w, True, x3, half["bf16"]) is None
     assert K._ln_f32_weight(w, False, f64, half["bf16"]) is None
     assert K._ln_f32_weight(w, False, half["bf16"], f32) is None
+    # the fused add: x, the residual and y of one half format only (a float16 x beside a
+    # float32 residual could give an h far below 2^-24, whose h·rstd no test would watch)
+    for h in half.values():
+        assert K._add_f32_weight(w, h, h, h).dtype == np.float32
+    assert K._add_f32_weight(w, half["f16"], f32, half["bf16"]) is None
+    assert K._add_f32_weight(w, half["f16"], half["f16"], half["bf16"]) is None
+    assert K._add_f32_weight(w, f32, f32, f32) is None
 
 
 def test_the_float32_layer_norm_y_sends_rows_it_cannot_carry_to_float64():
@@ -828,8 +909,9 @@ def test_subnormal_bfloat16_fused_add_outputs_keep_their_bits(rng):
     with ``REDO_Y_FLUSHED``, written again with the integer rounding (the bits of the loop
     that rounds element by element: ``hw`` None); a subnormal h (row 20, column 5, which
     also makes y_5 subnormal) flags it with ``REDO_RES`` too, and the new residual keeps the
-    oracle's bits. In the tail (row 69, column 199) neither is flagged. Row 3's y_0 is one
-    that rounded once (as a ``REDO_Y`` row is written again) would differ."""
+    oracle's bits; its h·rstd, a float32 subnormal, flags ``REDO_Y`` (y rounded once). In
+    the tail (row 69, column 199) neither is flagged. Row 3's y_0 is one that rounded once
+    (as a ``REDO_Y`` row is written again) would differ."""
     m, n = 70, 200
     x = rng.standard_normal((m, n)).astype(BF16)
     res = (-x.astype(np.float32)).astype(BF16)  # h = 0 ...
@@ -854,15 +936,17 @@ def test_subnormal_bfloat16_fused_add_outputs_keep_their_bits(rng):
     assert y.view(np.uint16)[3, 0] != want_y.view(np.uint16)[3, 0]
     x3, r3 = K._bits(x.reshape(1, m, n)), K._bits(res.reshape(1, m, n))
     w64 = w.astype(np.float64)
+    ww = K._add_f32_weight(w64, x3, r3, x3)  # the library's route: y in float32
+    assert ww is not None
     blocks = -(-m // K.ROWS_PER_BLOCK)
     for hw in (None, K._add_by_cpu(x3, r3, x3, r3)):
         y3, res3 = np.empty_like(x3), np.empty_like(x3)
         rstd, redo = np.empty(m, np.float32), np.zeros(m, np.uint8)
-        K._add_rms_fwd(x3, r3, None, w64, 1e-6, y3, res3, rstd, redo, hw, 0, blocks)
+        K._add_rms_fwd(x3, r3, None, w64, ww, 1e-6, y3, res3, rstd, redo, hw, 0, blocks)
         if hw is not None:
             assert {int(r): int(redo[r]) for r in np.flatnonzero(redo)} == {
-                3: K.REDO_Y_FLUSHED, 20: K.REDO_Y_FLUSHED | K.REDO_RES}
-        K._add_fwd_redo(x3, r3, None, w64, 1e-6, y3, res3, rstd, redo, 0, m)
+                3: K.REDO_Y_FLUSHED, 20: K.REDO_Y | K.REDO_Y_FLUSHED | K.REDO_RES}
+        K._add_fwd_redo(x3, r3, None, w64, ww, 1e-6, y3, res3, rstd, redo, 0, m)
         np.testing.assert_array_equal(y3[0], y.view(np.int16))
         np.testing.assert_array_equal(res3[0], new_res.view(np.int16))
 

@@ -401,12 +401,13 @@ def _outside_normal_impl(v, out):
 # The working precision of the element-wise arithmetic (y, dx): float32 for half outputs
 # --------------------------------------------------------------------------------------------
 # A half output (bfloat16/float16) from half or float32 inputs takes float32 for the last step,
-# like torch's opmath: either the arithmetic itself (RMSNorm's y, and LayerNorm's without a bias:
-# ``to_work`` gives the inputs as float32, exactly, and ``as_work``/``work_row`` the row's rstd and
-# weight) or a float64 result rounded to float32 first (``as_work``: dx, whose terms can cancel);
-# ``from_work`` then rounds the float32 value to the half format (RNE), and a vector of float32
-# holds twice the elements of a vector of float64. Every other output (float32, float64, or a half
-# output of float64 inputs) is computed in float64 and rounded once, as the oracle's.
+# like torch's opmath: either the arithmetic itself (RMSNorm's y, the fused add's, LayerNorm's
+# without a bias: ``to_work`` gives the inputs as float32, exactly, and ``as_work``/``work_row``
+# the row's rstd and weight) or a float64 result rounded to float32 first (``as_work``: dx,
+# whose terms can cancel); ``from_work`` then rounds the float32 value to the half format (RNE),
+# and a vector of float32 holds twice the elements of a vector of float64. Every other output
+# (float32, float64, or a half output of float64 inputs) is computed in float64 and rounded
+# once, as the oracle's.
 #
 # The contract this gives for half outputs (rmsref.kernels.numba_cpu, tested on every bit
 # pattern in tests/test_numba_cpu_half.py): >= 99.9 % of elements bit-equal to the oracle's

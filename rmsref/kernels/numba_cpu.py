@@ -77,12 +77,16 @@ Numerical contract
   for rare last-bit ties (tests: >= 99.9 % equal, rest within 1 ulp).
 - Half outputs (bfloat16, float16) keep the float64 statistics, and take float32 for the last
   step, as torch's opmath does: RMSNorm's y is computed in float32 arithmetic,
-  fl(fl(x·fl(rstd))·fl(w')) (x and a half weight are exact in float32), and so is LayerNorm's y
-  without a bias, fl(fl(fl(fl(x − mu_hi) − mu_lo)·fl(rstd))·fl(w)), with the float64 mean in two
-  float32 parts (``_mu_parts``: d = x − mu then keeps nearly 24 bits however much it cancels; a row
-  where it might not, or where an (x − mu)·rstd could underflow, as in a row of mean 0, is flagged);
-  LayerNorm's dx, its y with a bias (y + b can cancel far below the float32 y's error) and the fused
-  add's y are computed in float64 and rounded to float32 first; the float32 value is then rounded
+  fl(fl(x·fl(rstd))·fl(w')) (x and a half weight are exact in float32); so is the fused add's y
+  where x, the residual and y share a half format, with h = x + residual rounded to float32
+  once (exact for the rounded sum), a row with an h·rstd of a nonzero h below float32's normal
+  range written in float64 and rounded once; and so is LayerNorm's y without a bias,
+  fl(fl(fl(fl(x − mu_hi) − mu_lo)·fl(rstd))·fl(w)), with the float64 mean in two float32 parts
+  (``_mu_parts``: d = x − mu then keeps nearly 24 bits however much it cancels; a row where it
+  might not, or where an (x − mu)·rstd could underflow, as in a row of mean 0, is written in
+  float64 and rounded once). LayerNorm's dx, its y with a bias (y + b can cancel far below the
+  float32 y's error) and the fused add's other y are computed in float64 and rounded to float32
+  first; the float32 value is then rounded
   (RNE) to the half type. RMSNorm dx, where dy, x and dx share a half format and the weight allows
   it (at most 13 significant bits for float16, 16 for bfloat16, as a weight of that format has:
   ``_f32_weight``), is computed in float32 arithmetic, compensated: dx = rstd·(g·w − x·(rstd·c))
@@ -161,9 +165,9 @@ Numerical contract
   ``_halfbits.to_work``/``from_work``/``outside_work`` choose the working precision per output
   type, so one kernel source serves every dtype, and flag the rows to write again
   (``_rms_write_general``, ``_bwd_dx_exact``, ``_ln_write_exact``, ``_ln_dx_exact``,
-  ``_add_write_scaled_row``). The fused residual add's y is rounded through
-  float32 too, and so is its new residual (h = x + residual) when x, the residual and the new
-  residual share a half format (``sum_to``: the same bits as one rounding, a theorem), else
+  ``_add_write_scaled_row``). The fused residual add's y is computed or rounded through
+  float32 too (above), and so is its new residual (h = x + residual) when x, the residual and
+  the new residual share a half format (``sum_to``: the same bits as one rounding, a theorem), else
   it is rounded once from float64.
   Complex inputs are not supported here (use the oracle).
 - Threads: ``thread_count()`` of them (``NUMBA_NUM_THREADS``, or ``numba.set_num_threads``);
@@ -1664,10 +1668,13 @@ def _add_rstd_scaled(ss, x3, r3, b, i, like, eps):
 
 
 @njit(**_INL)
-def _add_write_and_sumsq(x3, r3, like, b, i, w, y3, rstd_s, res3, b1, i1, hw):
+def _add_write_and_sumsq(x3, r3, like, b, i, w, ww, y3, rstd_s, res3, b1, i1, hw):
     """Row (b, i)'s y (unscaled) while summing Σh² of row (b1, i1) and storing its
-    new_residual, in the lanes of ``_add_sumsq`` (same order, so the same bits). A half y is
-    rounded to through float32 (``as_work``), as RMSNorm's dx; the new residual by ``sum_to``.
+    new_residual, in the lanes of ``_add_sumsq`` (same order, so the same bits). ``ww``: None,
+    y in float64 rounded to the working precision (``as_work``), as RMSNorm's dx; or the
+    weight in float32 (``_add_f32_weight``), y in float32 arithmetic as RMSNorm's,
+    fl(fl(fl32(h)·fl(rstd))·w'), a row with an h·rstd lost to underflow (``lost_in_work``)
+    flagged as one with an inf. The new residual is rounded by ``sum_to``.
     ``hw``: None, or True where x, the residual and both outputs are C-contiguous bfloat16
     and the CPU rounds (``_add_by_cpu``): y and the new residual (``sum_to``'s float32 h)
     are rounded by ``store_lanes_flushed``. Returns (Σh² of row
@@ -1680,6 +1687,7 @@ def _add_write_and_sumsq(x3, r3, like, b, i, w, y3, rstd_s, res3, b1, i1, hw):
     acc = _lanes()
     y_blk = _lanes32()  # the block's float32 y and new residual, for ``store_lanes_flushed``
     res_blk = _lanes32()
+    rstd_w = np.float32(rstd_s)  # the float32 route's rstd
     outside = False
     y_flushed = False
     res_flushed = False
@@ -1691,7 +1699,13 @@ def _add_write_and_sumsq(x3, r3, like, b, i, w, y3, rstd_s, res3, b1, i1, hw):
         _write_ahead(res1, (j0,))
         for lane in range(LANES):
             j = j0 + lane
-            yj = as_work(_h_of(x[j], r[j], like) * rstd_s * w[j], x3, y3)  # (3)-(4)
+            h = _h_of(x[j], r[j], like)
+            if ww is None:
+                yj = as_work(h * rstd_s * w[j], x3, y3)  # (3)-(4) in float64
+            else:  # (3)-(4) in float32, h rounded once (exact for the rounded sum)
+                xhat = np.float32(h) * rstd_w
+                yj = xhat * ww[j]
+                outside |= lost_in_work(np.float32(h), xhat, x3, y3)
             if hw is None:
                 y[j] = from_work(yj, y3)
             else:
@@ -1711,7 +1725,13 @@ def _add_write_and_sumsq(x3, r3, like, b, i, w, y3, rstd_s, res3, b1, i1, hw):
             res_flushed |= store_lanes_flushed(res_blk, res3, (b1, i1, j0))
     for lane in range(n - n64):
         j = n64 + lane
-        yj = as_work(_h_of(x[j], r[j], like) * rstd_s * w[j], x3, y3)
+        h = _h_of(x[j], r[j], like)
+        if ww is None:
+            yj = as_work(h * rstd_s * w[j], x3, y3)
+        else:
+            xhat = np.float32(h) * rstd_w
+            yj = xhat * ww[j]
+            outside |= lost_in_work(np.float32(h), xhat, x3, y3)
         y[j] = from_work(yj, y3)
         outside |= outside_work(yj, y3)
         h = _h_of(x1[j], r1[j], like)
@@ -1736,12 +1756,12 @@ REDO_Y_FLUSHED = 8  # a y the CPU flushed (``_add_write_and_sumsq``): y again th
 
 
 @njit(**_INL)
-def _add_fwd_rows(x3, r3, like, w, eps, y3, res3, rstd_out, redo, hw, t0, t1):
+def _add_fwd_rows(x3, r3, like, w, ww, eps, y3, res3, rstd_out, redo, hw, t0, t1):
     """The rows of blocks [t0, t1) as one run through the pipelined loop, as RMSNorm's
     forward (the last row sums itself again, unused). Rare rows are only flagged in ``redo``
     (``REDO_Y``, ``REDO_RSTD``, ``REDO_RES``, ``REDO_Y_FLUSHED``) and written again by
-    ``_add_fwd_redo``; ``redo`` must hold zeros for these rows on entry. ``hw``:
-    ``_add_by_cpu``."""
+    ``_add_fwd_redo``; ``redo`` must hold zeros for these rows on entry. ``ww``:
+    ``_add_f32_weight``; ``hw``: ``_add_by_cpu``."""
     nr = x3.shape[1]
     n = x3.shape[2]
     r0, r1 = _task_rows(x3.shape[0] * nr, t0, t1, ROWS_PER_BLOCK)
@@ -1758,7 +1778,7 @@ def _add_fwd_rows(x3, r3, like, w, eps, y3, res3, rstd_out, redo, hw, t0, t1):
             redo[r] |= REDO_RSTD
         rstd_out[r] = rstd_s
         ss, outside, y_flushed, res_flushed = _add_write_and_sumsq(
-            x3, r3, like, b, i, w, y3, rstd_s, res3, b1, i1, hw)  # (3)-(4) of r, (1) of r + 1
+            x3, r3, like, b, i, w, ww, y3, rstd_s, res3, b1, i1, hw)  # (3)-(4) of r, (1) of r + 1
         if outside:
             redo[r] |= REDO_Y
         if y_flushed:
@@ -1771,20 +1791,22 @@ def _add_fwd_rows(x3, r3, like, w, eps, y3, res3, rstd_out, redo, hw, t0, t1):
 
 
 @njit(**_PAR)
-def _add_rms_fwd(x3, r3, like, w, eps, y3, res3, rstd_out, redo, hw, t0, t1):
+def _add_rms_fwd(x3, r3, like, w, ww, eps, y3, res3, rstd_out, redo, hw, t0, t1):
     """The forward: h = x + r in float64 (``like`` None, ``rounding="fp32-sum"``) or
     h = R_x(x + r) (``like`` the x array, ``rounding="rounded-sum"``); one compiled copy each.
-    ``hw``: ``_add_by_cpu``."""
+    ``ww``: ``_add_f32_weight``; ``hw``: ``_add_by_cpu``."""
     _wide_vectors_for(x3)
-    _add_fwd_rows(x3, r3, like, w, eps, y3, res3, rstd_out, redo, hw, t0, t1)
+    _add_fwd_rows(x3, r3, like, w, ww, eps, y3, res3, rstd_out, redo, hw, t0, t1)
 
 
 @njit(**_SER)
-def _add_fwd_redo(x3, r3, like, w, eps, y3, res3, rstd_out, redo, r0, r1):
+def _add_fwd_redo(x3, r3, like, w, ww, eps, y3, res3, rstd_out, redo, r0, r1):
     """The rows in [r0, r1) that ``_add_fwd_rows`` flagged, written as its loop wrote them
     before rare rows left it (so with those bits): rstd from ``_add_rstd`` (the scaled route
-    where it applies), y again in float64 for a scaled row or a ``REDO_Y`` row, else by the
-    loop's element-by-element rounding for a ``REDO_Y_FLUSHED`` row, and the new residual
+    where it applies), y again in float64 for a scaled row or a ``REDO_Y`` row (an inf or
+    NaN y, or on the float32 route an h·rstd lost to underflow), else by the loop's own route
+    (``ww``) rounded element by element for a ``REDO_Y_FLUSHED`` row (so its bits do not
+    depend on the CPU), and the new residual
     rounded once from float64 for a ``REDO_RES`` row (a flushed one included: through
     float32 it has those bits, ``sum_to``), after ``_add_sumsq`` has stored it the fast way.
     Compiled by the first call that flags a row."""
@@ -1801,7 +1823,7 @@ def _add_fwd_redo(x3, r3, like, w, eps, y3, res3, rstd_out, redo, r0, r1):
             if k != 0 or f & REDO_Y:  # a scaled float64 row, or a flagged half row
                 _add_write_scaled_row(x3, r3, like, b, i, w, y3, rstd_s, k)
             elif f & REDO_Y_FLUSHED:  # the loop's y, each rounded the integer way
-                _add_write_and_sumsq(x3, r3, like, b, i, w, y3, rstd_s, res3, b, i, None)
+                _add_write_and_sumsq(x3, r3, like, b, i, w, ww, y3, rstd_s, res3, b, i, None)
         if f & REDO_RES:
             _add_residual_exact(x3, r3, b, i, like, res3)
 
@@ -1814,15 +1836,28 @@ def _add_by_cpu(x3: np.ndarray, r3: np.ndarray, y3: np.ndarray, res3: np.ndarray
             else None)
 
 
+def _add_f32_weight(w: np.ndarray, x3: np.ndarray, r3: np.ndarray,
+                    y3: np.ndarray) -> np.ndarray | None:
+    """The weight in float32 where the fused add's y is computed in float32 arithmetic
+    (``_add_write_and_sumsq``): a half y, x and the residual of one half format (so a nonzero
+    float16 h is at least 2^-24, and ``lost_in_work`` need test only bfloat16 rows); else
+    None. A type, as ``_ln_f32_weight``."""
+    if y3.dtype not in (BF16_BITS, F16_BITS) or not x3.dtype == r3.dtype == y3.dtype:
+        return None
+    with np.errstate(over="ignore"):
+        return w.astype(np.float32)  # a weight beyond float32 gives an inf y: a flagged row
+
+
 def _add_rms_fwd_rows(x3, r3, like, w, eps, y3, res3, rstd_out, t0, t1):
     """``_add_rms_fwd`` on blocks [t0, t1), then ``_add_fwd_redo`` for the rows it flagged."""
     m = x3.shape[0] * x3.shape[1]
     r0, r1 = _task_rows_py(m, t0, t1, ROWS_PER_BLOCK)
     redo = np.zeros(m, np.uint8)  # only rows [r0, r1) are written and read
-    _add_rms_fwd(x3, r3, like, w, eps, y3, res3, rstd_out, redo, _add_by_cpu(x3, r3, y3, res3),
-                 t0, t1)
+    ww = _add_f32_weight(w, x3, r3, y3)
+    _add_rms_fwd(x3, r3, like, w, ww, eps, y3, res3, rstd_out, redo,
+                 _add_by_cpu(x3, r3, y3, res3), t0, t1)
     if redo[r0:r1].any():
-        _add_fwd_redo(x3, r3, like, w, eps, y3, res3, rstd_out, redo, r0, r1)
+        _add_fwd_redo(x3, r3, like, w, ww, eps, y3, res3, rstd_out, redo, r0, r1)
 
 
 @njit(**_INL)
@@ -2126,8 +2161,8 @@ def _mu_parts(mu, rstd):
     So every nonzero |d| is at least about d_min = min(2^-26·|mu|, |mu_lo|), and
     d_min·rstd >= 2^-125 keeps every xhat = d·rstd a normal float32: none loses bits to
     underflow, which a large weight could lift into a normal y. A zero mean fails this (d = x
-    then, of any size), and its row takes the float64 route. Products that overflow give an
-    inf or NaN y, which the loop flags (``outside_work``)."""
+    then, of any size), and its row is written in float64, rounded once. Products that
+    overflow give an inf or NaN y, which the loop flags (``outside_work``)."""
     mu_hi = np.float32(mu)
     lo = mu - np.float64(mu_hi)  # exact: mu_hi is mu rounded
     mu_lo = np.float32(lo)
@@ -2233,19 +2268,20 @@ def _ln_fwd(x3, w, ww, bias, eps, y3, mean_out, rstd_out, redo, hw, t0, t1):
 
 
 @njit(**_SER)
-def _ln_fwd_redo(x3, w, bias, eps, y3, redo, r0, r1):
+def _ln_fwd_redo(x3, w, ww, bias, eps, y3, redo, r0, r1):
     """y of the rows in [r0, r1) that ``_ln_fwd`` flagged, with the float64 statistics
     recomputed by the same code (so the same bits: a half input saves them in float32): by
-    the loop's float64 route rounded element by element (``ww`` and ``hw`` None: a row the
-    float32 y cannot carry, ``_mu_parts``, or whose y the CPU flushed), and where a y is inf
-    or NaN there, by ``_ln_write_exact``. Compiled by the first call that flags a row."""
+    the loop's own route (``ww``) rounded element by element (``hw`` None: a row whose y the
+    CPU flushed, so its bits do not depend on the CPU), and where that flags the row again
+    (an inf or NaN y, or a row the float32 y cannot carry: ``_mu_parts``), in float64
+    rounded once (``_ln_write_exact``). Compiled by the first call that flags a row."""
     nr = x3.shape[1]
     for r in range(r0, r1):
         if redo[r]:
             b, i = r // nr, r % nr
             mu, rstd = _ln_stats(_sum_lanes(x3, b, i), x3, b, i, eps)  # (1)-(4)
-            _, outside = _ln_write_and_sum(x3, b, i, w, None, bias, y3, mu, rstd, b, i, None)
-            if outside:  # an inf or NaN y: rounded once
+            _, outside = _ln_write_and_sum(x3, b, i, w, ww, bias, y3, mu, rstd, b, i, None)
+            if outside:  # rounded once
                 _ln_write_exact(x3, b, i, w, bias, y3, mu, rstd)
 
 
@@ -2269,7 +2305,7 @@ def _ln_fwd_rows(x3, w, ww, bias, eps, y3, mean_out, rstd_out, t0, t1):
     redo = np.empty(m, np.bool_)  # only rows [r0, r1) are written and read
     _ln_fwd(x3, w, ww, bias, eps, y3, mean_out, rstd_out, redo, _bf16_by_cpu(y3), t0, t1)
     if redo[r0:r1].any():
-        _ln_fwd_redo(x3, w, bias, eps, y3, redo, r0, r1)
+        _ln_fwd_redo(x3, w, ww, bias, eps, y3, redo, r0, r1)
 
 
 @njit(**_INL)
