@@ -300,8 +300,11 @@ def _ln_y32_numpy(x, w, eps):
 
 
 @pytest.mark.parametrize("x_dtype, y_dtype", [
-    (BF16, BF16), (np.dtype(np.float16), np.dtype(np.float16)), (np.dtype(np.float32), BF16),
-], ids=["bfloat16", "float16", "float32-x-bfloat16-y"])
+    pytest.param(BF16, BF16, id="bfloat16"),
+    pytest.param(np.dtype(np.float16), np.dtype(np.float16), id="float16",
+                 marks=pytest.mark.slow),  # kernels of their own: the default run's budget
+    pytest.param(np.dtype(np.float32), BF16, id="float32-x-bfloat16-y", marks=pytest.mark.slow),
+])
 def test_layer_norm_y_without_a_bias_is_its_float32_route(rng, x_dtype, y_dtype):
     """A half LayerNorm y without a bias is computed in float32 arithmetic (``_ln_y32``): bit
     for bit the NumPy float32 emulation rounded once to the half type, on rows of mean 0.3
@@ -358,10 +361,15 @@ def _add_y32_numpy(x, res, w, rstd, rounding):
         return (h.astype(np.float32) * rstd.astype(np.float32)) * w.astype(np.float32)
 
 
-@pytest.mark.parametrize("rounding", ["fp32-sum", "rounded-sum"])
-@pytest.mark.parametrize("dtype, tiny", [(BF16, False), (BF16, True),
-                                         (np.dtype(np.float16), False)],
-                         ids=["bfloat16", "bfloat16-subnormal-y", "float16"])
+@pytest.mark.parametrize("rounding", [
+    "fp32-sum",
+    pytest.param("rounded-sum", marks=pytest.mark.slow),  # kernels of their own (budget)
+])
+@pytest.mark.parametrize("dtype, tiny", [
+    pytest.param(BF16, False, id="bfloat16"),
+    pytest.param(BF16, True, id="bfloat16-subnormal-y"),
+    pytest.param(np.dtype(np.float16), False, id="float16", marks=pytest.mark.slow),
+])
 def test_the_fused_add_y_is_its_float32_route(rng, dtype, tiny, rounding):
     """The fused add's half y (x and the residual of its format) is computed in float32
     arithmetic, fl(fl(fl32(h)·fl(rstd))·w): bit for bit the NumPy emulation rounded once to
