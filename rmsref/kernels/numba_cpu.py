@@ -85,17 +85,17 @@ Numerical contract
   (``_mu_parts``: d = x − mu then keeps nearly 24 bits however much it cancels; a row where it
   might not, or where an (x − mu)·rstd could underflow, as in a row of mean 0, is written in
   float64 and rounded once). LayerNorm's dx, its y with a bias (y + b can cancel far below the
-  float32 y's error) and the fused add's other y are computed in float64 and rounded to float32
-  first; the float32 value is then rounded
-  (RNE) to the half type. RMSNorm dx, where dy, x and dx share a half format and the weight allows
-  it (at most 13 significant bits for float16, 16 for bfloat16, as a weight of that format has:
-  ``_f32_weight``), is computed in float32 arithmetic, compensated: dx = rstd·(g·w − x·(rstd·c))
-  with g·w exact, rstd·c carried in two float32 parts of one sign and each product added by a fused
-  multiply-add, so the difference keeps 24 bits however much its terms cancel
-  (``_dxhat_minus_proj``; a plain float32 dx, measured in bench/halfbwd.py, loses the contract below
-  where dy lies along y); for bfloat16, whose exponent range is
-  float32's, the difference is scaled by a power of two near rstd and dx by its inverse
-  (``_dx_scale``), so that underflow inside cannot reach an ordinary dx. With other weights
+  float32 y's error) and the fused add's other y are computed in float64 and rounded to
+  float32 first; the float32 value is then rounded (RNE) to the half type. RMSNorm dx, where
+  dy, x and dx share a half format and the weight allows it (at most 13 significant bits for
+  float16, 16 for bfloat16, as a weight of that format has: ``_f32_weight``), is computed in
+  float32 arithmetic, compensated: dx = rstd·(g·w − x·(rstd·c)) with g·w exact, rstd·c carried
+  in two float32 parts of one sign and each product added by a fused multiply-add, so the
+  difference keeps 24 bits however much its terms cancel (``_dxhat_minus_proj``; a plain
+  float32 dx, measured in bench/halfbwd.py, loses the contract below where dy lies along y);
+  for bfloat16, whose exponent range is float32's, the difference is scaled by a power of
+  two near rstd and dx by its inverse (``_dx_scale``), so that underflow inside cannot reach
+  an ordinary dx. With other weights
   RMSNorm dx is computed in float64, rounded through float32. So an element may differ from
   the oracle's float64 value rounded once only where that value lies within a few float32 ulps
   of a half rounding boundary:
@@ -167,8 +167,8 @@ Numerical contract
   (``_rms_write_general``, ``_bwd_dx_exact``, ``_ln_write_exact``, ``_ln_dx_exact``,
   ``_add_write_scaled_row``). The fused residual add's y is computed or rounded through
   float32 too (above), and so is its new residual (h = x + residual) when x, the residual and
-  the new residual share a half format (``sum_to``: the same bits as one rounding, a theorem), else
-  it is rounded once from float64.
+  the new residual share a half format (``sum_to``: the same bits as one rounding, a
+  theorem), else it is rounded once from float64.
   Complex inputs are not supported here (use the oracle).
 - Threads: ``thread_count()`` of them (``NUMBA_NUM_THREADS``, or ``numba.set_num_threads``);
   calls below ``SERIAL_BELOW`` elements run on the calling thread alone. Kernels are ``nogil``,
