@@ -478,10 +478,7 @@ def test_the_float32_layer_norm_y_sends_rows_it_cannot_carry_to_float64():
     np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
 
 
-@pytest.mark.parametrize("dtype", [
-    pytest.param(BF16, id="bfloat16"),
-    pytest.param(np.dtype(np.float16), id="float16", marks=pytest.mark.slow),  # budget
-])
+@pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float16)], ids=["bfloat16", "float16"])
 def test_pipelined_backward_equals_exact_path(rng, dtype):
     """dx of the pipelined backward (saved rstd, a weight, no bias) equals, bit for bit, dx of
     the path that also returns dbias (v3: the same operations, one row at a time), and so do
