@@ -318,9 +318,9 @@ def test_layer_norm_y_without_a_bias_is_its_float32_route(rng, x_dtype, y_dtype)
     for bit the NumPy float32 emulation rounded once to the half type, on rows of mean 0.3
     and 100 (where x − mu cancels: mu's second part matters), with no row flagged; and that
     emulation is not the float64 route's y (rounded through float32), which differs from it
-    in some elements of these rows (14-47 of the million here), so the test tells the two
-    routes apart. (The float64 route in NumPy, not the kernel's: a kernel of its own to
-    compile, for the default run's budget.)"""
+    in some elements of these rows, so the test tells the two routes apart. (The float64
+    route in NumPy, not the kernel's: a kernel of its own to compile, for the default run's
+    budget.)"""
     m, n = 256, 4096
     x = (rng.standard_normal((m, n)) + np.where(np.arange(m) % 2, 100.0, 0.3)[:, None])
     x = x.astype(np.float32).astype(x_dtype)
