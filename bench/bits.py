@@ -7,10 +7,11 @@ A refactoring that means to keep the numbers (the input contract, the kernel his
 the shared row helpers) must leave every output bit as it was. The tests check bits *within* one
 tree (thread counts, batch prefixes, repeats); this script checks them *across* two trees: it
 runs the RMSNorm forward, backward (with and without a saved rstd), LayerNorm forward and
-backward and the fused residual add of the oracle and of each fast backend that can run here on
-fixed inputs, for each dtype, and prints one SHA-256 prefix per output. With ``--against REV`` it
-checks REV out in a temporary worktree, runs this same script there (its own rmsref imported,
-a fresh Numba cache) and lists what differs; the exit status is 1 when anything does.
+backward and the fused residual add (its backward with and without a dresidual_out and a saved
+rstd) of the oracle and of each fast backend that can run here on fixed inputs, for each dtype,
+and prints one SHA-256 prefix per output. With ``--against REV`` it checks REV out in a
+temporary worktree, runs this same script there (its own rmsref imported, a fresh Numba cache)
+and lists what differs; the exit status is 1 when anything does.
 
 The inputs are ordinary (unit-scale normal rows, weights in [0.5, 1.5]): a bug fix for extreme
 rows between the two trees does not show here, a change of ordinary results does.
@@ -83,6 +84,13 @@ def hashes(names: list[str], dtypes: list[str]) -> dict[str, str]:
                 res = mod.add_rms_norm(x, r, n, w)
                 res = res if isinstance(res, tuple) else (res,)
                 out[f"{key}:add_rms_norm"] = _hash(*[v for v in res if v is not None])
+            if hasattr(mod, "add_rms_norm_backward"):
+                _, new_res, rstd = mod.add_rms_norm_forward(x, r, n, w)
+                for dro, saved in ((new_res, None), (new_res, rstd), (None, None), (None, rstd)):
+                    g = mod.add_rms_norm_backward(dy, dro, x, r, n, w, rstd=saved)
+                    call = ("dresidual_out" if dro is not None else "") + (
+                        ",rstd" if saved is not None else "")
+                    out[f"{key}:add_rms_norm_backward({call.strip(',')})"] = _hash(*g)
     return out
 
 

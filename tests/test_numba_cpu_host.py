@@ -484,7 +484,8 @@ def _complex(a):
 
 
 _MESSAGE = ("has dtype complex128; the numba_cpu backend computes float16, bfloat16, float32 "
-            "and float64 (use the NumPy oracle, rmsref.rms_norm, for complex inputs)")
+            "and float64 (for complex inputs use the function of the same name in rmsref, "
+            "the NumPy oracle)")
 
 
 def test_a_complex_argument_is_refused_by_name():

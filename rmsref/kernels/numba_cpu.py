@@ -2056,47 +2056,69 @@ def _add_bwd_redo(dy3, dro3, has_dro, x3, r3, like, w, rstd_in, dx3, dr3, redo, 
                          scratch, 0)
 
 
+# Four kernels, one per has_dro for each loop: each compiles only its own inlined copy of the
+# row loop. A flag passed at run time compiled both copies into every specialisation, about
+# twice the time; so would a test of ``dro3 is None``, whose branch Numba prunes only where the
+# argument is None.
 @njit(**_PAR)
-def _add_rms_bwd(dy3, dro3, has_dro, x3, r3, like, w, eps, has_rstd, rstd_in, dx3, dr3,
-                 dw_parts, t0, t1):
-    """The general backward (``like`` as in ``_add_rms_fwd``: one compiled copy each)."""
+def _add_rms_bwd_dro(dy3, dro3, x3, r3, like, w, eps, has_rstd, rstd_in, dx3, dr3, dw_parts,
+                     t0, t1):
+    """The general backward with a dresidual_out (``like`` as in ``_add_rms_fwd``: one
+    compiled copy each)."""
     _wide_vectors_for(x3)
-    if has_dro:  # a constant in each inlined copy
-        _add_bwd_rows(dy3, dro3, True, x3, r3, like, w, eps, has_rstd, rstd_in, dx3, dr3,
-                      dw_parts, t0, t1)
-    else:
-        _add_bwd_rows(dy3, dro3, False, x3, r3, like, w, eps, has_rstd, rstd_in, dx3, dr3,
-                      dw_parts, t0, t1)
+    _add_bwd_rows(dy3, dro3, True, x3, r3, like, w, eps, has_rstd, rstd_in, dx3, dr3,
+                  dw_parts, t0, t1)
 
 
 @njit(**_PAR)
-def _add_rms_bwd_pipelined(dy3, dro3, has_dro, x3, r3, like, w, rstd_in, dx3, dr3, dw_parts,
-                           redo, t0, t1):
-    """The pipelined backward (a saved rstd in range, a weight)."""
+def _add_rms_bwd_no_dro(dy3, x3, r3, like, w, eps, has_rstd, rstd_in, dx3, dr3, dw_parts,
+                        t0, t1):
+    """The general backward without a dresidual_out (dy3 stands in for it, never read)."""
     _wide_vectors_for(x3)
-    if has_dro:
-        _add_bwd_pipelined_rows(dy3, dro3, True, x3, r3, like, w, rstd_in, dx3, dr3, dw_parts,
-                                redo, t0, t1)
-    else:
-        _add_bwd_pipelined_rows(dy3, dro3, False, x3, r3, like, w, rstd_in, dx3, dr3, dw_parts,
-                                redo, t0, t1)
+    _add_bwd_rows(dy3, dy3, False, x3, r3, like, w, eps, has_rstd, rstd_in, dx3, dr3,
+                  dw_parts, t0, t1)
+
+
+@njit(**_PAR)
+def _add_rms_bwd_pipelined_dro(dy3, dro3, x3, r3, like, w, rstd_in, dx3, dr3, dw_parts, redo,
+                               t0, t1):
+    """The pipelined backward (a saved rstd in range, a weight) with a dresidual_out."""
+    _wide_vectors_for(x3)
+    _add_bwd_pipelined_rows(dy3, dro3, True, x3, r3, like, w, rstd_in, dx3, dr3, dw_parts,
+                            redo, t0, t1)
+
+
+@njit(**_PAR)
+def _add_rms_bwd_pipelined_no_dro(dy3, x3, r3, like, w, rstd_in, dx3, dr3, dw_parts, redo,
+                                  t0, t1):
+    """The pipelined backward without a dresidual_out."""
+    _wide_vectors_for(x3)
+    _add_bwd_pipelined_rows(dy3, dy3, False, x3, r3, like, w, rstd_in, dx3, dr3, dw_parts,
+                            redo, t0, t1)
 
 
 def _add_rms_bwd_any(dy3, dro3, has_dro, x3, r3, like, w, eps, has_rstd, rstd_in, dx3, dr3,
                      dw_parts, t0, t1):
     """A saved rstd in the range of unscaled sums runs the pipelined kernel, every other call
-    the general one (as ``_rms_bwd_v6``)."""
+    the general one (as ``_rms_bwd_v6``); each with or without a dresidual_out."""
     if has_rstd and _saved_rstd_in_range(rstd_in):
         m = x3.shape[0] * x3.shape[1]
         r0, r1 = _task_rows_py(m, t0, t1, ROWS_PER_PART)
         redo = np.empty(m, np.bool_)  # only rows [r0, r1) are written and read
-        _add_rms_bwd_pipelined(dy3, dro3, has_dro, x3, r3, like, w, rstd_in, dx3, dr3, dw_parts,
-                               redo, t0, t1)
+        if has_dro:
+            _add_rms_bwd_pipelined_dro(dy3, dro3, x3, r3, like, w, rstd_in, dx3, dr3, dw_parts,
+                                       redo, t0, t1)
+        else:
+            _add_rms_bwd_pipelined_no_dro(dy3, x3, r3, like, w, rstd_in, dx3, dr3, dw_parts,
+                                          redo, t0, t1)
         if redo[r0:r1].any():
             _add_bwd_redo(dy3, dro3, has_dro, x3, r3, like, w, rstd_in, dx3, dr3, redo, r0, r1)
+    elif has_dro:
+        _add_rms_bwd_dro(dy3, dro3, x3, r3, like, w, eps, has_rstd, rstd_in, dx3, dr3,
+                         dw_parts, t0, t1)
     else:
-        _add_rms_bwd(dy3, dro3, has_dro, x3, r3, like, w, eps, has_rstd, rstd_in, dx3, dr3,
-                     dw_parts, t0, t1)
+        _add_rms_bwd_no_dro(dy3, x3, r3, like, w, eps, has_rstd, rstd_in, dx3, dr3, dw_parts,
+                            t0, t1)
 
 
 # ============================================================================================
@@ -2594,7 +2616,8 @@ def _check_real(a: np.ndarray, name: str) -> None:
     if a.dtype not in _FLOAT_DTYPES:
         raise TypeError(
             f"{name} has dtype {a.dtype}; the numba_cpu backend computes float16, bfloat16, "
-            "float32 and float64 (use the NumPy oracle, rmsref.rms_norm, for complex inputs)"
+            "float32 and float64 (for complex inputs use the function of the same name in rmsref, "
+            "the NumPy oracle)"
         )
 
 
