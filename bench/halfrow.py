@@ -86,14 +86,14 @@ def _kernels():
             K._rms_write(x3, 0, 0, w, ww, w, False, y3, 1.0 + rep * 1e-9, 0)
 
     @njit(**opts)
-    def bwd_row(g3, x3, w, w32, dx3, parts, tail, hw, reps):
+    def bwd_row(g3, x3, w, w32, dx3, parts, f64_route, tail, hw, reps):
         K._wide_vectors_for(g3)  # as the kernels: 512-bit vectors for half rows
         t = 0.0
         for rep in range(reps):
-            if w32 is None:  # the route, as the kernel chooses it (when compiled)
+            if f64_route is not None:  # the route, as the kernel chooses it (when compiled)
                 t += K._bwd_row_and_dot(g3, x3, 0, 0, w, 1.0 + rep * 1e-9, 0.01, dx3, parts,
                                         0, 0, 1)[0]
-            else:
+            if w32 is not None:
                 s, outside, lost = K._bwd_row_and_dot_f32(g3, x3, 0, 0, w, w32, 1.0 + rep * 1e-9,
                                                           0.01, dx3, parts, 0, 0, 1, tail, hw)
                 t += s + outside + lost  # every result used: an unused flag's work is left out
@@ -136,10 +136,10 @@ def _kernel_loops():
             K._rms_fwd_pipelined(x3, w, 1e-6, y3, rstd_out, redo, w_floor, 0, blocks)
 
     @njit(**opts)
-    def bwd(g3, x3, w, w32, rstd, dx3, parts, redo, redo_dw, tail, hw, reps):
+    def bwd(g3, x3, w, w32, f64_route, tail, hw, rstd, dx3, parts, redo, redo_dw, reps):
         for _ in range(reps):
-            K._rms_bwd_pipelined(g3, x3, w, w32, rstd, dx3, parts, redo, redo_dw, tail, hw, 0,
-                                 parts.shape[0])
+            K._rms_bwd_pipelined(g3, x3, w, w32, f64_route, tail, hw, rstd, dx3, parts, redo,
+                                 redo_dw, 0, parts.shape[0])
 
     return fwd, bwd
 
@@ -147,11 +147,6 @@ def _kernel_loops():
 #: Bytes of the arrays a kernel works on in ``in_cache`` (x, dy, dx): well inside L2 (the
 #: machines we run on have 1-2 MiB per core); at least a forward block of rows either way.
 IN_CACHE_BYTES = 1 << 19
-
-
-def _f32_row_types(x3: np.ndarray, dx3: np.ndarray, w32: np.ndarray | None) -> tuple:
-    """(tail, hw), as ``numba_cpu._rms_bwd_common`` chooses them for the float32 dx route."""
-    return (None, None) if w32 is None else (K._tail(x3), K._bf16_by_cpu(dx3))
 
 
 def in_cache(dtype: np.dtype, n: int, reps: int, rounds: int) -> dict[str, float]:
@@ -175,10 +170,10 @@ def in_cache(dtype: np.dtype, n: int, reps: int, rounds: int) -> dict[str, float
     parts = np.empty((-(-rows // K.ROWS_PER_PART), n))
     redo = np.empty(rows, np.bool_)  # rows the kernel would have written again (none here)
     redo_dw = np.empty(parts.shape[0], np.bool_)  # parts whose dweight it would sum again
-    route = _f32_row_types(x3, out3, w32)
+    route = K._bwd_route_types(x3, out3, w32)
     calls = {
         "fwd kernel": lambda r: fwd(x3, w, out3, rstd_out, redo, w_floor, r),
-        "bwd kernel": lambda r: bwd(g3, x3, w, w32, rstd, out3, parts, redo, redo_dw, *route, r),
+        "bwd kernel": lambda r: bwd(g3, x3, w, w32, *route, rstd, out3, parts, redo, redo_dw, r),
     }
     for call in calls.values():
         call(1)  # compile
@@ -209,7 +204,8 @@ def measure(dtype: np.dtype, n: int, reps: int, rounds: int) -> dict[str, float]
         "encode exact": lambda r: encode_exact(x3, w, y3, r),
         "fwd row": lambda r: fwd_row(x3, w, y3, w_floor, r),
         "write row": lambda r: write_row(x3, w, y3, r),
-        "bwd row": lambda r: bwd_row(g3, x3, w, w32, y3, parts, *_f32_row_types(x3, y3, w32), r),
+        "bwd row": lambda r: bwd_row(g3, x3, w, w32, y3, parts, *K._bwd_route_types(x3, y3, w32),
+                                     r),
         "add fwd row": lambda r: add_fwd_row(x3, r3, w, K._add_f32_weight(w, x3, r3, y3), y3,
                                              res3, K._add_by_cpu(x3, r3, y3, res3), r),
         "add bwd row": lambda r: add_bwd_row(g3, x3, r3, w, y3, res3, parts, r),

@@ -42,8 +42,8 @@ def _kernels(n: int, rows: int) -> dict:
     return {
         "LayerNorm bwd": (lambda: K._ln_bwd_pipelined(dy3, x3, w, mean, rstd, out3, False, parts,
                                                        no_db, redo, None, 0, 1), (out3, parts)),
-        "RMSNorm bwd": (lambda: K._rms_bwd_pipelined(dy3, x3, w, None, rstd, out3, parts,
-                                                     redo, redo_dw, None, None, 0, 1),
+        "RMSNorm bwd": (lambda: K._rms_bwd_pipelined(dy3, x3, w, None, True, None, None,
+                                                     rstd, out3, parts, redo, redo_dw, 0, 1),
                         (out3, parts)),
         "LayerNorm fwd": (lambda: K._ln_fwd(x3, w, None, w, 1e-5, out3, rstd_out, rstd_out, redo,
                                             None, 0, blocks), (out3, rstd_out)),

@@ -789,8 +789,9 @@ def test_a_subnormal_bfloat16_dx_keeps_its_bits(rng):
     w32 = K._f32_weight(g3, x3, dx3, w64)
     parts = np.empty((-(-m // K.ROWS_PER_PART), n))
     redo, redo_dw = np.empty(m, np.bool_), np.empty(parts.shape[0], np.bool_)
-    K._rms_bwd_pipelined(g3, x3, w64, w32, rstd.reshape(-1).astype(np.float64), dx3, parts,
-                         redo, redo_dw, K._tail(x3), K._bf16_by_cpu(dx3), 0, parts.shape[0])
+    K._rms_bwd_pipelined(g3, x3, w64, w32, *K._bwd_route_types(x3, dx3, w32),
+                         rstd.reshape(-1).astype(np.float64), dx3, parts, redo, redo_dw, 0,
+                         parts.shape[0])
     flagged = [3, 40] if hb.BF16_HW_FLUSHED else []  # row 69's is in the tail: integer
     assert list(np.flatnonzero(redo)) == flagged
 
@@ -1017,7 +1018,8 @@ def test_the_pipelined_backward_flags_a_part_by_its_rows_magnitudes(rng, dtype):
     rstd = 1.0 / np.sqrt(np.mean(np.square(x.astype(np.float64)), axis=1))
     parts = np.empty((m // per, n))
     redo, redo_dw = np.empty(m, np.bool_), np.empty(m // per, np.bool_)
-    K._rms_bwd_pipelined(g3, x3, w, w32, rstd, dx3, parts, redo, redo_dw, None, None, 0, m // per)
+    K._rms_bwd_pipelined(g3, x3, w, w32, None, None, None, rstd, dx3, parts, redo, redo_dw, 0,
+                         m // per)
     assert list(np.flatnonzero(redo_dw)) == flagged
 
 

@@ -1373,8 +1373,8 @@ def _bwd_dx_exact(g3, x3, b, i, w, rstd_s, c, dx3):
 
 
 @njit(**_PAR)
-def _rms_bwd_pipelined(dy3, x3, w, w32, rstd_in, dx3, dw_parts, redo, redo_dw, tail, hw, t0,
-                       t1):
+def _rms_bwd_pipelined(dy3, x3, w, w32, f64_route, tail, hw, rstd_in, dx3, dw_parts, redo,
+                       redo_dw, t0, t1):
     """v5's kernel: v4's pipelined loop for the common call only (saved rstd, K = N, a weight,
     no bias), with no branch for the other calls, and every row of a part through the loop
     (the part's last row sums its own Σ dxhat·x again, unused).
@@ -1390,7 +1390,10 @@ def _rms_bwd_pipelined(dy3, x3, w, w32, rstd_in, dx3, dw_parts, redo, redo_dw, t
     in ``redo_dw[p]`` and summed again by ``_rms_bwd_dweight_again``, and so is the row (its
     Σ dxhat·x took those products too); ``tail`` (None or True,
     ``_tail``) says whether that route's row needs its loop over a row's tail, and ``hw``
-    (None or True, ``_bf16_by_cpu``) whether the CPU rounds its dx."""
+    (None or True, ``_bf16_by_cpu``) whether the CPU rounds its dx. ``f64_route`` is True
+    where ``w32`` is None, else None: Numba prunes a branch on ``is None`` only where the
+    argument is None, so a test of ``w32`` alone would compile the float64 route into the
+    float32 route's kernels too (about a fifth of their first call, bench/compile.py)."""
     _wide_vectors_for(x3)
     nr = x3.shape[1]
     m = x3.shape[0] * nr
@@ -1408,10 +1411,10 @@ def _rms_bwd_pipelined(dy3, x3, w, w32, rstd_in, dx3, dw_parts, redo, redo_dw, t
             b1, i1 = _row_after(b, i, nr, r + 1 == r1)  # the row summed while r is written
             rstd_s = rstd_in[r]
             c = s * rstd_s / n  # (6), as ``_coef`` for s in [SS_LO, SS_HI] (else redone)
-            if w32 is None:
+            if f64_route is not None:  # one of the two branches is pruned
                 s_next, outside = _bwd_row_and_dot(dy3, x3, b, i, w, rstd_s, c, dx3, dw_parts,
                                                    p, b1, i1)
-            else:
+            if w32 is not None:
                 s_next, outside, lost = _bwd_row_and_dot_f32(dy3, x3, b, i, w, w32, rstd_s, c,
                                                              dx3, dw_parts, p, b1, i1, tail, hw)
                 redo_dw[p] |= lost
@@ -1461,6 +1464,14 @@ def _tail(x3: np.ndarray) -> bool | None:
     return None if x3.shape[2] % LANES == 0 else True
 
 
+def _bwd_route_types(x3: np.ndarray, dx3: np.ndarray, w32: np.ndarray | None) -> tuple:
+    """``_rms_bwd_pipelined``'s (f64_route, tail, hw) for ``w32`` (``_f32_weight``): types
+    that choose the code it is compiled with. The float64 row has its tail loop anyway."""
+    if w32 is None:
+        return True, None, None
+    return None, _tail(x3), _bf16_by_cpu(dx3)
+
+
 def _rms_bwd_common(dy3, x3, w, rstd_in, dx3, dw_parts, t0, t1, w32=None):
     """The common call on parts [t0, t1): ``_rms_bwd_pipelined``, then ``_rms_bwd_redo`` for
     the rows it flagged and ``_rms_bwd_dweight_again`` for the parts it flagged (none in
@@ -1469,9 +1480,8 @@ def _rms_bwd_common(dy3, x3, w, rstd_in, dx3, dw_parts, t0, t1, w32=None):
     r0, r1 = _task_rows_py(m, t0, t1, ROWS_PER_PART)
     redo = np.empty(m, np.bool_)  # only rows [r0, r1) are written and read
     redo_dw = np.empty(dw_parts.shape[0], np.bool_)  # only parts [t0, t1)
-    tail = None if w32 is None else _tail(x3)  # the float64 row has its tail loop anyway
-    hw = None if w32 is None else _bf16_by_cpu(dx3)
-    _rms_bwd_pipelined(dy3, x3, w, w32, rstd_in, dx3, dw_parts, redo, redo_dw, tail, hw, t0, t1)
+    _rms_bwd_pipelined(dy3, x3, w, w32, *_bwd_route_types(x3, dx3, w32), rstd_in, dx3, dw_parts,
+                       redo, redo_dw, t0, t1)
     if redo[r0:r1].any():
         _rms_bwd_redo(dy3, x3, w, w32, rstd_in, dx3, redo, r0, r1)
     if redo_dw[t0:t1].any():
