@@ -1357,7 +1357,8 @@ def _bf16_by_cpu(out3: np.ndarray) -> bool | None:
     """True where a pipelined loop's float32 values for ``out3`` are rounded to bfloat16 by
     the CPU (``store_lanes_flushed``: ``_halfbits.BF16_HW_FLUSHED``, a C-contiguous bfloat16
     output; RMSNorm's and LayerNorm's dx, LayerNorm's y, the fused add's y and new residual),
-    else None: a type, as ``_tail``, so the kernel is compiled with one of the two stores."""
+    else None: a type, as ``_tail``, so the kernel's machine code has one of the two stores
+    (where it is True, Numba types both and LLVM drops the other, a branch on a constant)."""
     return (True if BF16_HW_FLUSHED and out3.dtype == BF16_BITS and out3.flags.c_contiguous
             else None)
 
@@ -2323,7 +2324,9 @@ def _ln_f32_weight(w: np.ndarray, has_bias: bool, x3: np.ndarray,
     (``_ln_y32``): a half y of half or float32 x (``_halfbits``' float32 route), and no bias
     (y + b can cancel to far below the float32 y's error, which a row test cannot rule out
     without flagging most rows of ordinary data). Else None: y in float64, rounded to the
-    working precision. A type, as ``_tail``: each kernel is compiled with one of the two."""
+    working precision. A type, as ``_tail``: each kernel's machine code has one of the two
+    (Numba prunes the float32 branch where this is None; where it is an array, Numba types
+    both and LLVM drops the other, a branch on a constant)."""
     if has_bias or y3.dtype not in (BF16_BITS, F16_BITS) or x3.dtype == np.float64:
         return None
     with np.errstate(over="ignore"):
