@@ -381,8 +381,8 @@ SETTINGS = dict(deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
-#: 700 cases keep the default run within its budget (the long run below judges 3000).
-@settings(max_examples=700, **SETTINGS)
+#: 1000 cases in the default run (the long run below judges 3000).
+@settings(max_examples=1000, **SETTINGS)
 @given(calls(good=DEFAULT_GOOD, other=DEFAULT_OTHER, layouts=DEFAULT_LAYOUTS))
 def test_fuzz_every_entry_point(c):
     _case(c)

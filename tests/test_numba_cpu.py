@@ -359,7 +359,6 @@ print(numba.get_num_threads(), h.hexdigest(), h_other.hexdigest())
 """
 
 
-@pytest.mark.slow  # two fresh interpreters, 15-17 s of the default run on a cold cache
 def test_same_bits_for_1_and_2_threads():
     """RMSNorm forward, dx, dweight, dbias, and the fused residual and LayerNorm kernels:
     identical bits with NUMBA_NUM_THREADS=1 and 2."""
