@@ -34,6 +34,27 @@ def backend_name(request) -> str:
     return request.param
 
 
+def pytest_addoption(parser, pluginmanager) -> None:
+    """Without pytest-xdist (the ``test`` extra installs it), accept the ``-n 2 --dist
+    loadfile`` of the default options and run in one process, saying so in the header, rather
+    than stop at "unrecognized arguments"."""
+    if pluginmanager.has_plugin("xdist"):
+        return
+    group = parser.getgroup("xdist", "pytest-xdist is not loaded: one process")
+    add = getattr(group, "_addoption", None)  # -n is a short option, as xdist declares it
+    if add is not None:
+        add("-n", "--numprocesses", dest="numprocesses", default=None,
+            help="ignored: pytest-xdist is not loaded (pip install -e '.[test]')")
+        add("--dist", dest="dist", default="no", help="ignored, as -n")
+
+
+def pytest_report_header(config) -> str | None:
+    if config.pluginmanager.has_plugin("xdist") or not config.getoption("numprocesses", None):
+        return None
+    return ("pytest-xdist is not loaded: the tests run in one process, about twice as long "
+            "on a cold Numba cache (pip install -e '.[test]' installs it)")
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     """Skips counted by reason, one line each (``pytest -rs`` lists every skipped test): the
     reasons name what to install, and a reason shared by forty tests is said once."""

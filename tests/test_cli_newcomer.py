@@ -125,3 +125,15 @@ def test_validate_legend_counts_match_the_table():
     assert n_warn_rows == sum(ln.rstrip().endswith("WARN") for ln in rows) == 2
     assert n_warn_checks == sum(c.advisory and not c.passed for c in report.cases)
     assert all(len(ln) <= 80 for ln in legend.splitlines()), legend
+
+
+def test_the_test_suite_runs_without_pytest_xdist():
+    """The default options ask for two pytest-xdist workers (-n 2 --dist loadfile); where
+    pytest-xdist is not loaded, the tests run in one process and the header says why, rather
+    than pytest stopping at "unrecognized arguments: -n"."""
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:xdist", "-p",
+                           "no:cacheprovider", "tests/test_sumsq.py"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "pytest-xdist is not loaded: the tests run in one process" in done.stdout
+    assert re.search(r"\d+ passed", done.stdout)
