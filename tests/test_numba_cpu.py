@@ -470,7 +470,9 @@ def test_layer_norm_float64_limitation():
 @pytest.mark.parametrize("dtype", [np.dtype(np.float32), rmsref.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("rounding", ["fp32-sum", "rounded-sum"])
 def test_add_rms_norm(dtype, rounding, rng):
-    """Fused residual add + RMSNorm forward and backward, both meanings of the sum."""
+    """Fused residual add + RMSNorm forward and backward, both meanings of the sum; the
+    backward with and without the forward's saved rstd (the pipelined kernel, the training
+    call) and without a dresidual_out."""
     m, n = 50, 136
     x, r, dy, dro = (_data(rng, (m, n), dtype) for _ in range(4))
     w = _data(rng, n, dtype)
@@ -478,14 +480,15 @@ def test_add_rms_norm(dtype, rounding, rng):
     y_o, res_o, rstd_o = rmsref.add_rms_norm_forward(x, r, n, w, rounding=rounding)
     _check_close(y, y_o, dtype, f"y {rounding}")
     assert np.array_equal(res.view(np.uint8), res_o.view(np.uint8)), "new_residual"
-    got = K.add_rms_norm_backward(dy, dro, x, r, n, w, rounding=rounding)
-    ref = rmsref.add_rms_norm_backward(dy, dro, x, r, n, w, rounding=rounding)
-    assert isinstance(got, rmsref.AddRMSNormGrads)
-    scale = np.abs(ref.dx.astype(np.float64)).max()
-    for name in ("dx", "dresidual", "dweight"):
-        g, o = getattr(got, name), getattr(ref, name)
-        lim = tolerance.ulp(o, dtype) + 1e-12 * scale * (m if name == "dweight" else 1)
-        _check_close(g, o, dtype, f"{name} {rounding}", bound=lim)
+    for saved in (None, rstd):
+        got = K.add_rms_norm_backward(dy, dro, x, r, n, w, rounding=rounding, rstd=saved)
+        ref = rmsref.add_rms_norm_backward(dy, dro, x, r, n, w, rounding=rounding, rstd=saved)
+        assert isinstance(got, rmsref.AddRMSNormGrads)
+        scale = np.abs(ref.dx.astype(np.float64)).max()
+        for name in ("dx", "dresidual", "dweight"):
+            g, o = getattr(got, name), getattr(ref, name)
+            lim = tolerance.ulp(o, dtype) + 1e-12 * scale * (m if name == "dweight" else 1)
+            _check_close(g, o, dtype, f"{name} {rounding}, rstd {saved is not None}", bound=lim)
     assert K.add_rms_norm(x, r, n, w, rounding=rounding)[0].dtype == x.dtype
     got_none = K.add_rms_norm_backward(dy, None, x, r, n, w, rounding=rounding)
     ref_none = rmsref.add_rms_norm_backward(dy, None, x, r, n, w, rounding=rounding)
