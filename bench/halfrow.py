@@ -21,8 +21,9 @@ this script takes the memory out (two rows of x and dy, a weight row and an outp
   ``_bwd_row_and_dot_f32``: ``numba_cpu._f32_weight``), all its results used (its flags
   included).
 - add fwd row, add bwd row: the fused residual add's pipelined rows (``_add_write_and_sumsq``,
-  ``_add_dh_and_dot``; h = x + r in float64, no dresidual_out): two inputs and two outputs
-  per element where RMSNorm has one of each.
+  ``_add_dh_and_dot``; h = x + r in float64, no dresidual_out; outputs rounded by the CPU
+  where the library does it): two inputs and two outputs per element where RMSNorm has one
+  of each.
 - fwd kernel, bwd kernel: the whole default forward (``_rms_fwd_pipelined``) and backward
   with a saved rstd (``_rms_bwd_pipelined``) on a batch of rows that stays in cache (``in_cache``),
   per-row work included; ``bench/cpu.py`` sets these against the copy's time per element.
@@ -110,12 +111,13 @@ def _kernels():
         return t
 
     @njit(**opts)
-    def add_bwd_row(g3, x3, r3, w, dx3, dr3, parts, reps):
+    def add_bwd_row(g3, x3, r3, w, dx3, dr3, parts, hw, reps):
         K._wide_vectors_for(g3)  # as the kernels: 512-bit vectors for half rows
         t = 0.0
         for rep in range(reps):
-            t += K._add_dh_and_dot(g3, g3, False, x3, r3, None, 0, 0, w, 1.0 + rep * 1e-9,
-                                   0.01, dx3, dr3, parts, 0, 0, 1)
+            s, outside = K._add_dh_and_dot(g3, g3, False, x3, r3, None, 0, 0, w,
+                                           1.0 + rep * 1e-9, 0.01, dx3, dr3, parts, 0, 0, 1, hw)
+            t += s + outside  # every result used
         return t
 
     return sumsq, encode_exact, fwd_row, write_row, bwd_row, add_fwd_row, add_bwd_row
@@ -208,7 +210,8 @@ def measure(dtype: np.dtype, n: int, reps: int, rounds: int) -> dict[str, float]
                                      r),
         "add fwd row": lambda r: add_fwd_row(x3, r3, w, K._add_f32_weight(w, x3, r3, y3), y3,
                                              res3, K._add_by_cpu(x3, r3, y3, res3), r),
-        "add bwd row": lambda r: add_bwd_row(g3, x3, r3, w, y3, res3, parts, r),
+        "add bwd row": lambda r: add_bwd_row(g3, x3, r3, w, y3, res3, parts,
+                                             K._add_by_cpu(x3, r3, y3, res3), r),
     }
     for call in calls.values():
         call(1)  # compile

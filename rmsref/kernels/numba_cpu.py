@@ -85,8 +85,9 @@ Numerical contract
   (``_mu_parts``: d = x − mu then keeps nearly 24 bits however much it cancels; a row where it
   might not, or where an (x − mu)·rstd could underflow, as in a row of mean 0, is written in
   float64 and rounded once). LayerNorm's dx, its y with a bias (y + b can cancel far below the
-  float32 y's error) and the fused add's other y are computed in float64 and rounded to
-  float32 first; the float32 value is then rounded (RNE) to the half type. RMSNorm dx, where
+  float32 y's error), the fused add's other y and its dx and dresidual (dh, the same value
+  rounded to x's and to the residual's dtype) are computed in float64 and rounded to float32
+  first; the float32 value is then rounded (RNE) to the half type. RMSNorm dx, where
   dy, x and dx share a half format and the weight allows it (at most 13 significant bits for
   float16, 16 for bfloat16, as a weight of that format has: ``_f32_weight``), is computed in
   float32 arithmetic, compensated: dx = rstd·(g·w − x·(rstd·c)) with g·w exact, rstd·c carried
@@ -157,7 +158,8 @@ Numerical contract
   ``_rms_write``, which tests each element, so no bit depends on the CPU or on the bound; the
   same bound replaces the per-element test of x·rstd for underflow in that loop. The other
   pipelined loops' float32 bfloat16 outputs (into contiguous outputs: RMSNorm's and
-  LayerNorm's dx, LayerNorm's y, the fused add's y and new residual; ``_bf16_by_cpu``,
+  LayerNorm's dx, LayerNorm's y, the fused add's y and new residual, and its dx and
+  dresidual; ``_bf16_by_cpu``,
   ``_add_by_cpu``) are rounded by the CPU too (``_halfbits.store_lanes_flushed``), where a
   bound per row is not to be had (a difference, or a sum with a bias): the store itself
   reports a subnormal (one ``vfpclassps`` per 16 values), and that row is written again
@@ -165,10 +167,10 @@ Numerical contract
   ``_halfbits.to_work``/``from_work``/``outside_work`` choose the working precision per output
   type, so one kernel source serves every dtype, and flag the rows to write again
   (``_rms_write_general``, ``_bwd_dx_exact``, ``_ln_write_exact``, ``_ln_dx_exact``,
-  ``_add_write_scaled_row``). The fused residual add's y is computed or rounded through
-  float32 too (above), and so is its new residual (h = x + residual) when x, the residual and
-  the new residual share a half format (``sum_to``: the same bits as one rounding, a
-  theorem), else it is rounded once from float64.
+  ``_add_write_scaled_row``, ``_add_dh_exact``). The fused residual add's y is computed or
+  rounded through float32 too (above), and so is its new residual (h = x + residual) when x,
+  the residual and the new residual share a half format (``sum_to``: the same bits as one
+  rounding, a theorem), else it is rounded once from float64.
   Complex inputs are not supported here (use the oracle).
 - Threads: ``thread_count()`` of them (``NUMBA_NUM_THREADS``, or ``numba.set_num_threads``);
   calls below ``SERIAL_BELOW`` elements run on the calling thread alone. Kernels are ``nogil``,
@@ -1840,9 +1842,11 @@ def _add_fwd_redo(x3, r3, like, w, ww, eps, y3, res3, rstd_out, redo, r0, r1):
 
 
 def _add_by_cpu(x3: np.ndarray, r3: np.ndarray, y3: np.ndarray, res3: np.ndarray) -> bool | None:
-    """True where the fused forward's y and new residual are rounded by the CPU
-    (``_add_write_and_sumsq``): x, the residual, y and the new residual all bfloat16 and the
-    outputs C-contiguous (``_bf16_by_cpu``): ``sum_to``'s float32 route; else None."""
+    """True where the fused add's two outputs are rounded by the CPU, a block at a time: the
+    forward's y and new residual (``_add_write_and_sumsq``; ``sum_to``'s float32 route) or
+    the backward's dx and dresidual (``_add_dh_and_dot``), called with those as ``y3`` and
+    ``res3``: x, the residual and both outputs bfloat16 and the outputs C-contiguous
+    (``_bf16_by_cpu``); else None."""
     return (True if _bf16_by_cpu(y3) and _bf16_by_cpu(res3) and x3.dtype == r3.dtype == BF16_BITS
             else None)
 
@@ -1933,22 +1937,42 @@ def _add_dh(gj, hhat, wj, rstd, c, droj, has_dro):
 def _add_bwd_row_py(
     dy3, dro3, has_dro, x3, r3, like, b, i, w, rstd_s, k, c, dx3, dr3, dw_parts, p
 ):
-    """dh of one row, rounded into dx and dresidual, and its dweight terms (summed with or
-    without a weight: no branch in the loop; the host drops them). Eqs. (3), (5)-(8) on h."""
+    """dh of one row in float64, rounded into dx and dresidual as RMSNorm's float64 dx
+    (through float32 for a half output: ``as_work``), and its dweight terms (summed with or
+    without a weight: no branch in the loop; the host drops them). Eqs. (3), (5)-(8) on h.
+    Returns whether a rounded dh left the float32 route (``outside_work``): the caller
+    writes the row's dh again with ``_add_dh_exact``."""
     rstd = math.ldexp(rstd_s, -k)
     g, dro, x, r = dy3[b, i], dro3[b, i], x3[b, i], r3[b, i]  # (N,) each
     dx, dr, dw = dx3[b, i], dr3[b, i], dw_parts[p]
+    outside = False
     for j in range(x3.shape[2]):
         hhat = _scaled(_h_of(x[j], r[j], like), k) * rstd_s  # (3)
         dh = _add_dh(g[j], hhat, w[j], rstd, c, dro[j], has_dro)
-        dx[j] = from_f64(dh, dx3)
-        dr[j] = from_f64(dh, dr3)
+        dxj, drj = as_work(dh, x3, dx3), as_work(dh, r3, dr3)
+        dx[j] = from_work(dxj, dx3)
+        dr[j] = from_work(drj, dr3)
+        outside |= outside_work(dxj, dx3) | outside_work(drj, dr3)
         dw[j] += to_f64(g[j]) * hhat  # (8)
+    return outside
 
 
 # pragma: no mutate end
 _add_bwd_row = njit(**_INL)(_add_bwd_row_py)
 _add_bwd_scaled_row = njit(**_SER)(_add_bwd_row_py)
+
+
+@njit(**_SER)
+def _add_dh_exact(dy3, dro3, has_dro, x3, r3, like, b, i, w, rstd_s, k, c, dx3, dr3):
+    """Row (b, i)'s dx and dresidual of ``_add_bwd_row`` again, rounded once by ``from_f64``
+    (a row with a dh that rounds to inf or is NaN through float32, as ``_bwd_dx_exact``):
+    the oracle's bits. Only dh: the row's dweight terms were added once already."""
+    rstd = math.ldexp(rstd_s, -k)
+    for j in range(x3.shape[2]):
+        hhat = _scaled(_h(x3, r3, b, i, j, like), k) * rstd_s  # (3)
+        dh = _add_dh(dy3[b, i, j], hhat, w[j], rstd, c, dro3[b, i, j], has_dro)
+        dx3[b, i, j] = from_f64(dh, dx3)
+        dr3[b, i, j] = from_f64(dh, dr3)
 
 
 @njit(**_INL)
@@ -1970,25 +1994,33 @@ def _add_bwd_rows(dy3, dro3, has_dro, x3, r3, like, w, eps, has_rstd, rstd_in, d
             if k == 0:
                 s = _add_dot(dy3, x3, r3, b, i, like, w, 0)
                 c = _add_coef(s, dy3, x3, r3, b, i, like, w, rstd_s, 0)  # (6)
-                _add_bwd_row(dy3, dro3, has_dro, x3, r3, like, b, i, w, rstd_s, 0, c, dx3,
-                             dr3, dw_parts, p)
+                outside = _add_bwd_row(dy3, dro3, has_dro, x3, r3, like, b, i, w, rstd_s, 0, c,
+                                       dx3, dr3, dw_parts, p)
             else:  # a scaled float64 row (rare)
                 s = _add_dot_scaled_row(dy3, x3, r3, b, i, like, w, k)
                 c = _add_coef(s, dy3, x3, r3, b, i, like, w, rstd_s, k)
-                _add_bwd_scaled_row(dy3, dro3, has_dro, x3, r3, like, b, i, w, rstd_s, k, c,
-                                    dx3, dr3, dw_parts, p)
+                outside = _add_bwd_scaled_row(dy3, dro3, has_dro, x3, r3, like, b, i, w, rstd_s,
+                                              k, c, dx3, dr3, dw_parts, p)
+            if outside:  # a rare row: dh again, rounded once
+                _add_dh_exact(dy3, dro3, has_dro, x3, r3, like, b, i, w, rstd_s, k, c, dx3, dr3)
 
 
 @njit(**_INL)
 def _add_dh_and_dot(dy3, dro3, has_dro, x3, r3, like, b, i, w, rstd_s, c, dx3, dr3, dw_parts,
-                    p, b1, i1):
-    """Row (b, i)'s dh (unscaled, a weight) while summing Σ dxhat·h of row (b1, i1) in the
-    lanes of ``_add_dot`` (same order, so the same bits): ``_bwd_row_and_dot`` on h."""
+                    p, b1, i1, hw):
+    """Row (b, i)'s dh (unscaled, a weight), rounded as ``_add_bwd_row`` rounds it, while
+    summing Σ dxhat·h of row (b1, i1) in the lanes of ``_add_dot`` (same order, so the same
+    bits): ``_bwd_row_and_dot`` on h. ``hw``: None, or True where the CPU rounds dx and
+    dresidual to bfloat16 (``_add_by_cpu``), a block at a time (``store_lanes_flushed``).
+    Returns (the sum, whether row (b, i) must be written again by the general row code: a dh
+    outside the float32 route, or one the CPU flushed to zero)."""
     n = x3.shape[2]
     g, dro, x, r = dy3[b, i], dro3[b, i], x3[b, i], r3[b, i]  # (N,) each: row (b, i)
     dx, dr, dw = dx3[b, i], dr3[b, i], dw_parts[p]
     g1, x1, r1 = dy3[b1, i1], x3[b1, i1], r3[b1, i1]  # row (b1, i1)
     acc = _lanes()
+    dh_blk = _lanes32()  # the block's float32 dh, for ``store_lanes_flushed``
+    outside = False
     n64 = n - n % LANES
     for j0 in range(0, n64, LANES):
         _read_ahead(g1, (j0,))
@@ -2002,9 +2034,17 @@ def _add_dh_and_dot(dy3, dro3, has_dro, x3, r3, like, b, i, w, rstd_s, c, dx3, d
             j = j0 + lane
             hhat = _h_of(x[j], r[j], like) * rstd_s  # (3)
             dh = _add_dh(g[j], hhat, w[j], rstd_s, c, dro[j], has_dro)
-            dx[j] = from_f64(dh, dx3)
-            dr[j] = from_f64(dh, dr3)
+            dxj, drj = as_work(dh, x3, dx3), as_work(dh, r3, dr3)
+            if hw is None:
+                dx[j] = from_work(dxj, dx3)
+                dr[j] = from_work(drj, dr3)
+            else:
+                dh_blk[lane] = dxj  # dx and dresidual both bfloat16: one value
+            outside |= outside_work(dxj, dx3) | outside_work(drj, dr3)
             dw[j] += to_f64(g[j]) * hhat  # (8)
+        if hw is not None:  # rounded by the CPU; a subnormal dh flags the row
+            outside |= store_lanes_flushed(dh_blk, dx3, (b, i, j0))
+            outside |= store_lanes_flushed(dh_blk, dr3, (b, i, j0))
         for lane in range(LANES):  # a loop of its own, as in ``_bwd_row_and_dot``
             j = j0 + lane
             acc[lane] += _dxhat_h(g1[j], w[j], x1[j], r1[j], like, 0)  # the next row's
@@ -2012,22 +2052,24 @@ def _add_dh_and_dot(dy3, dro3, has_dro, x3, r3, like, b, i, w, rstd_s, c, dx3, d
         j = n64 + lane
         hhat = _h_of(x[j], r[j], like) * rstd_s
         dh = _add_dh(g[j], hhat, w[j], rstd_s, c, dro[j], has_dro)
-        dx[j] = from_f64(dh, dx3)
-        dr[j] = from_f64(dh, dr3)
+        dxj, drj = as_work(dh, x3, dx3), as_work(dh, r3, dr3)
+        dx[j] = from_work(dxj, dx3)
+        dr[j] = from_work(drj, dr3)
+        outside |= outside_work(dxj, dx3) | outside_work(drj, dr3)
         dw[j] += to_f64(g[j]) * hhat
         acc[lane] += _dxhat_h(g1[j], w[j], x1[j], r1[j], like, 0)
-    return _lane_tree(acc)
+    return _lane_tree(acc), outside
 
 
 @njit(**_INL)
 def _add_bwd_pipelined_rows(dy3, dro3, has_dro, x3, r3, like, w, rstd_in, dx3, dr3,
-                            dw_parts, redo, t0, t1):
+                            dw_parts, redo, hw, t0, t1):
     """The common call (a saved rstd in range, a weight), as ``_rms_bwd_pipelined``: every row
     of a part through one loop that writes row r's dh while summing row r + 1's Σ dxhat·h (the
     part's last row sums itself again, unused); a row whose Σ dxhat·h left [SS_LO, SS_HI]
-    (``_c_in_range``: not a row of dy = 0) is flagged in ``redo`` and written again by
-    ``_add_bwd_redo``. Inlined with ``has_dro`` a
-    constant."""
+    (``_c_in_range``: not a row of dy = 0), or whose dh left the float32 route or was flushed
+    by the CPU (``_add_dh_and_dot``; ``hw``: ``_add_by_cpu``), is flagged in ``redo`` and
+    written again by ``_add_bwd_redo``. Inlined with ``has_dro`` a constant."""
     nr = x3.shape[1]
     m = x3.shape[0] * nr
     for p in range(t0, t1):  # this call's share of the tasks (``_launch``)
@@ -2042,9 +2084,10 @@ def _add_bwd_pipelined_rows(dy3, dro3, has_dro, x3, r3, like, w, rstd_in, dx3, d
             b1, i1 = _row_after(b, i, nr, r + 1 == r1)  # the row summed while r is written
             rstd_s = rstd_in[r]
             c = s * rstd_s / x3.shape[2]  # (6), as ``_add_coef`` for s in [SS_LO, SS_HI]
-            redo[r] = not _c_in_range(s, rstd_s, dy3, b, i)
-            s = _add_dh_and_dot(dy3, dro3, has_dro, x3, r3, like, b, i, w, rstd_s, c, dx3,
-                                dr3, dw_parts, p, b1, i1)
+            in_range = _c_in_range(s, rstd_s, dy3, b, i)
+            s, outside = _add_dh_and_dot(dy3, dro3, has_dro, x3, r3, like, b, i, w, rstd_s, c,
+                                         dx3, dr3, dw_parts, p, b1, i1, hw)
+            redo[r] = outside or not in_range
             b, i = b1, i1
 
 
@@ -2063,8 +2106,9 @@ def _add_bwd_redo(dy3, dro3, has_dro, x3, r3, like, w, rstd_in, dx3, dr3, redo, 
             rstd_s = rstd_in[r]
             s = _add_dot(dy3, x3, r3, b, i, like, w, 0)  # the pipelined loop's sum, bit for bit
             c = _add_coef(s, dy3, x3, r3, b, i, like, w, rstd_s, 0)  # (6)
-            _add_bwd_row(dy3, dro3, has_dro, x3, r3, like, b, i, w, rstd_s, 0, c, dx3, dr3,
-                         scratch, 0)
+            if _add_bwd_row(dy3, dro3, has_dro, x3, r3, like, b, i, w, rstd_s, 0, c, dx3, dr3,
+                            scratch, 0):
+                _add_dh_exact(dy3, dro3, has_dro, x3, r3, like, b, i, w, rstd_s, 0, c, dx3, dr3)
 
 
 # Four kernels, one per has_dro for each loop: each compiles only its own inlined copy of the
@@ -2092,20 +2136,20 @@ def _add_rms_bwd_no_dro(dy3, x3, r3, like, w, eps, has_rstd, rstd_in, dx3, dr3, 
 
 @njit(**_PAR)
 def _add_rms_bwd_pipelined_dro(dy3, dro3, x3, r3, like, w, rstd_in, dx3, dr3, dw_parts, redo,
-                               t0, t1):
+                               hw, t0, t1):
     """The pipelined backward (a saved rstd in range, a weight) with a dresidual_out."""
     _wide_vectors_for(x3)
     _add_bwd_pipelined_rows(dy3, dro3, True, x3, r3, like, w, rstd_in, dx3, dr3, dw_parts,
-                            redo, t0, t1)
+                            redo, hw, t0, t1)
 
 
 @njit(**_PAR)
 def _add_rms_bwd_pipelined_no_dro(dy3, x3, r3, like, w, rstd_in, dx3, dr3, dw_parts, redo,
-                                  t0, t1):
+                                  hw, t0, t1):
     """The pipelined backward without a dresidual_out."""
     _wide_vectors_for(x3)
     _add_bwd_pipelined_rows(dy3, dy3, False, x3, r3, like, w, rstd_in, dx3, dr3, dw_parts,
-                            redo, t0, t1)
+                            redo, hw, t0, t1)
 
 
 def _add_rms_bwd_any(dy3, dro3, has_dro, x3, r3, like, w, eps, has_rstd, rstd_in, dx3, dr3,
@@ -2116,12 +2160,13 @@ def _add_rms_bwd_any(dy3, dro3, has_dro, x3, r3, like, w, eps, has_rstd, rstd_in
         m = x3.shape[0] * x3.shape[1]
         r0, r1 = _task_rows_py(m, t0, t1, ROWS_PER_PART)
         redo = np.empty(m, np.bool_)  # only rows [r0, r1) are written and read
+        hw = _add_by_cpu(x3, r3, dx3, dr3)
         if has_dro:
             _add_rms_bwd_pipelined_dro(dy3, dro3, x3, r3, like, w, rstd_in, dx3, dr3, dw_parts,
-                                       redo, t0, t1)
+                                       redo, hw, t0, t1)
         else:
             _add_rms_bwd_pipelined_no_dro(dy3, x3, r3, like, w, rstd_in, dx3, dr3, dw_parts,
-                                          redo, t0, t1)
+                                          redo, hw, t0, t1)
         if redo[r0:r1].any():
             _add_bwd_redo(dy3, dro3, has_dro, x3, r3, like, w, rstd_in, dx3, dr3, redo, r0, r1)
     elif has_dro:
