@@ -101,6 +101,8 @@ LN_OUT_FWD = "numba layer_norm fwd (default), out="
 LN_OUT_BWD = "numba layer_norm bwd (default), out="
 ADD_FWD = "numba add_rms_norm fwd (default)"
 ADD_BWD = "numba add_rms_norm bwd (default)"
+ADD_FWD_RS = "numba add_rms_norm fwd (rounded-sum)"
+ADD_BWD_RS = "numba add_rms_norm bwd (rounded-sum)"
 RATIO_NAME = "RMSNorm/LayerNorm time ratio"
 #: targets, time relative to a parallel copy of the same bytes
 TARGETS = {"fwd": 1.25, "bwd": 1.4}
@@ -333,31 +335,41 @@ def _layer_norm_candidates(nb, x, dy, w, xv, dyv, fwd_bytes, bwd_bytes) -> list[
 
 
 def _add_candidates(nb, x, dy, w, xv, dyv, fwd_bytes, bwd_bytes) -> list[Candidate]:
-    """The default fused residual add + RMSNorm kernels: residual = dy's data (any second
-    array), dresidual_out = x's, the backward with the forward's saved rstd. Checked against
-    the oracle as the LayerNorm rows are; new_residual bit for bit."""
+    """The default fused residual add + RMSNorm kernels, for both meanings of the sum
+    (``rounding``; "rounded-sum" once ran 5-6x slower than "fp32-sum", unseen while only the
+    default was timed): residual = dy's data (any second array), dresidual_out = x's, the
+    backward with the forward's saved rstd. Checked against the oracle as the LayerNorm rows
+    are; new_residual bit for bit."""
+    return (_add_pair(nb, x, dy, w, xv, dyv, fwd_bytes, bwd_bytes, "fp32-sum", ADD_FWD, ADD_BWD)
+            + _add_pair(nb, x, dy, w, xv, dyv, fwd_bytes, bwd_bytes, "rounded-sum", ADD_FWD_RS,
+                        ADD_BWD_RS))
+
+
+def _add_pair(nb, x, dy, w, xv, dyv, fwd_bytes, bwd_bytes, rounding, fwd_name,
+              bwd_name) -> list[Candidate]:
+    """``_add_candidates``' forward and backward for one ``rounding``."""
     n, dtype = x.shape[-1], x.dtype
-    _, _, rstd = nb.add_rms_norm_forward(x, dy, n, w)
-    y_ref, res_ref, _ = rmsref.add_rms_norm_forward(xv, dyv, n, w)
-    g_ref = rmsref.add_rms_norm_backward(dyv, xv, xv, dyv, n, w)
+    _, _, rstd = nb.add_rms_norm_forward(x, dy, n, w, rounding=rounding)
+    y_ref, res_ref, _ = rmsref.add_rms_norm_forward(xv, dyv, n, w, rounding=rounding)
+    g_ref = rmsref.add_rms_norm_backward(dyv, xv, xv, dyv, n, w, rounding=rounding)
     atol = 1e-12 * float(np.abs(g_ref.dx.astype(np.float64)).max(initial=0.0))
 
     def chk_fwd():
-        y, res, _ = nb.add_rms_norm_forward(xv, dyv, n, w)
+        y, res, _ = nb.add_rms_norm_forward(xv, dyv, n, w, rounding=rounding)
         if not np.array_equal(res.view(np.uint8), res_ref.view(np.uint8)):
             return "new_residual differs from the oracle's"
         return _check_forward(y, y_ref, dtype, exact=True)
 
     def chk_bwd():
-        g = nb.add_rms_norm_backward(dyv, xv, xv, dyv, n, w)
+        g = nb.add_rms_norm_backward(dyv, xv, xv, dyv, n, w, rounding=rounding)
         return (_check_ulp(g.dx, g_ref.dx, dtype, equal_rate=False, atol=atol)
                 or _check_ulp(g.dresidual, g_ref.dresidual, dtype, equal_rate=False, atol=atol))
 
     return [
-        Candidate(ADD_FWD, "fwd", lambda: nb.add_rms_norm_forward(x, dy, n, w), fwd_bytes,
-                  check=chk_fwd),
-        Candidate(ADD_BWD, "bwd", lambda: nb.add_rms_norm_backward(dy, x, x, dy, n, w,
-                                                                    rstd=rstd),
+        Candidate(fwd_name, "fwd", lambda: nb.add_rms_norm_forward(x, dy, n, w, rounding=rounding),
+                  fwd_bytes, check=chk_fwd),
+        Candidate(bwd_name, "bwd", lambda: nb.add_rms_norm_backward(dy, x, x, dy, n, w,
+                                                                    rounding=rounding, rstd=rstd),
                   bwd_bytes, check=chk_bwd),
     ]
 

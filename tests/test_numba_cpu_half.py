@@ -429,8 +429,9 @@ def test_the_fused_add_y_is_its_float32_route(rng, dtype, tiny, rounding):
     ww = K._add_f32_weight(w64, x3, r3, y3)
     assert ww is not None
     rstd3, redo = np.empty(m, np.float32), np.zeros(m, np.uint8)
-    K._add_rms_fwd(x3, r3, x3 if rounding == "rounded-sum" else None, w64, ww, 1e-6, y3, res3,
-                   rstd3, redo, K._add_by_cpu(x3, r3, y3, res3), 0, -(-m // K.ROWS_PER_BLOCK))
+    like = K._rounding_tag(x3) if rounding == "rounded-sum" else None
+    K._add_rms_fwd(x3, r3, like, w64, ww, 1e-6, y3, res3, rstd3, redo,
+                   K._add_by_cpu(x3, r3, y3, res3), 0, -(-m // K.ROWS_PER_BLOCK))
     assert not (redo & (K.REDO_Y | K.REDO_RSTD)).any()
     assert (redo != 0).all() if tiny and hb.BF16_HW_FLUSHED else not redo.any()
 

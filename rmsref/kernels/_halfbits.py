@@ -471,10 +471,13 @@ def lost_in_work(xw, xhat, x, out):
 
 
 def rounded_like(v, like):
-    """The float64 value ``v`` rounded (RNE) to the element type of array ``like`` and back to
-    float64, exactly; ``v`` itself when ``like`` is None. Which of the two is chosen when the
-    kernel is compiled (None and an array are different types), not by a branch: a branch on a
-    constant flag kept the fused add's element loops from vectorising."""
+    """The float64 value ``v`` rounded once (RNE) to the type of the scalar ``like`` (float64,
+    float32, or half bits tagged by their view type: a zero of an array's element type,
+    ``numba_cpu._rounding_tag``) and back to float64, exactly; ``v`` itself when ``like`` is
+    None. Which of the two is chosen when the kernel is compiled (None and a scalar are
+    different types), not by a branch: a branch on a constant flag kept the fused add's
+    element loops from vectorising, and so did an array for ``like`` (a reference count
+    update per element)."""
     raise NotImplementedError("rounded_like is only callable from Numba-compiled code")
 
 
@@ -496,9 +499,15 @@ def sum_to(h, a, b, out):
 
 @overload(rounded_like, jit_options={"nogil": True})
 def _rounded_like_impl(v, like):
-    if isinstance(like, types.NoneType):
+    if isinstance(like, types.NoneType) or like == types.float64:
         return lambda v, like: v
-    return lambda v, like: to_f64(from_f64(v, like))
+    if like == types.float32:
+        return lambda v, like: np.float64(np.float32(v))  # LLVM fptrunc: RNE, one rounding
+    if like == types.uint16:
+        return lambda v, like: to_f64(f64_to_f16_bits(v))
+    if like == types.int16:
+        return lambda v, like: to_f64(f64_to_bf16_bits(v))
+    return None
 
 
 @overload(sum_to, jit_options={"nogil": True})

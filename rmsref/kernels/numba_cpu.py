@@ -46,8 +46,9 @@ Fused residual add + RMSNorm and LayerNorm, written the same way
     ``_add_bwd_rows`` parts as RMSNorm's; Σ dxhat·h in the 64 lanes, then dx and dresidual.
                       The common call (a saved rstd, a weight) runs
                       ``_add_bwd_pipelined_rows`` (dh of row r while Σ dxhat·h of row r + 1).
-                      Each is compiled once per rounding of h: ``like`` is None or the x
-                      array, so the rounding is a type of the element loops, not a branch.
+                      Each is compiled once per rounding of h: ``like`` is None or a zero
+                      of x's element type, so the rounding is a type of the element loops,
+                      not a branch.
     ``_ln_fwd``       Σx in the 64 lanes -> mu; (Σd, Σd²), d = x − mu, in one pass (the
                       corrected two-pass variance, which is also the oracle's "refine mu once");
                       a thread's rows pipelined as one run (y of row r while Σx of row r + 1).
@@ -1596,9 +1597,12 @@ def _sum_parts(parts, out):
 # Fused residual add + RMSNorm. h = x + residual in float64 ("fp32-sum": never rounded before
 # the statistic) or rounded to x's dtype first ("rounded-sum"). RMSNorm's technique on h: Σh² and
 # Σ dxhat·h in the 64 lanes, the forward's blocks pipelined.
-# The rounding of h is chosen by a type, not a flag: ``like`` is None ("fp32-sum") or the x
-# array ("rounded-sum"), and ``_halfbits.rounded_like`` compiles to the identity or to the
-# rounding, so one kernel serves both, compiled once for each. The element loops index their
+# The rounding of h is chosen by a type, not a flag: ``like`` is None ("fp32-sum") or a zero
+# of x's element type ("rounded-sum", ``_rounding_tag``), and ``_halfbits.rounded_like``
+# compiles to the identity or to the rounding, so one kernel serves both, compiled once for
+# each. (``like`` was the x array, passed to ``_h_of`` for every element: its reference count
+# kept the loops from vectorising, and "rounded-sum" ran 5-6x slower than "fp32-sum" at full
+# size, bfloat16 and float32.) The element loops index their
 # rows (1-D views) themselves, pass values to the helpers and do their own stores: an array
 # argument of an inlined per-element helper (a row to store into, or a row and an index to
 # read) costs a reference count update per element and kept the loops from vectorising, as
@@ -1608,9 +1612,15 @@ def _sum_parts(parts, out):
 # called with k = 0 (so ``_scaled`` folds away and the loop vectorises), and on its own
 # (``*_scaled_row``) for the rare scaled float64 rows, which keeps that copy out of the kernels.
 # ============================================================================================
+def _rounding_tag(x3: np.ndarray) -> np.generic:
+    """``like`` for "rounded-sum": a zero of x3's element type (float64, float32, or the half
+    format's bits), whose type ``_h_of`` rounds h to. A scalar, not x3 itself (see above)."""
+    return x3.dtype.type(0)
+
+
 @njit(**_INL)
 def _h_of(xj, rj, like):
-    """h_j = x_j + r_j in float64, rounded to ``like``'s element type unless it is None."""
+    """h_j = x_j + r_j in float64, rounded to the type of ``like`` unless it is None."""
     return rounded_like(to_f64(xj) + to_f64(rj), like)
 
 
@@ -1806,7 +1816,8 @@ def _add_fwd_rows(x3, r3, like, w, ww, eps, y3, res3, rstd_out, redo, hw, t0, t1
 @njit(**_PAR)
 def _add_rms_fwd(x3, r3, like, w, ww, eps, y3, res3, rstd_out, redo, hw, t0, t1):
     """The forward: h = x + r in float64 (``like`` None, ``rounding="fp32-sum"``) or
-    h = R_x(x + r) (``like`` the x array, ``rounding="rounded-sum"``); one compiled copy each.
+    h = R_x(x + r) (``like`` a zero of x's element type, ``rounding="rounded-sum"``); one
+    compiled copy each.
     ``ww``: ``_add_f32_weight``; ``hw``: ``_add_by_cpu``."""
     _wide_vectors_for(x3)
     _add_fwd_rows(x3, r3, like, w, ww, eps, y3, res3, rstd_out, redo, hw, t0, t1)
@@ -2972,7 +2983,7 @@ def add_rms_norm_forward(
     new_res = np.empty(x.shape, res.dtype)
     x3, r3, y3, nr3 = _rows3([_bits(x), _bits(res), _bits(y), _bits(new_res)], len(shape))
     rstd = np.empty(x3.shape[0] * x3.shape[1], _stat_dtype(x.dtype))
-    like = x3 if rounded else None  # the array whose dtype h is rounded to, or none
+    like = _rounding_tag(x3) if rounded else None  # what h is rounded to, or none
     _launch(_add_rms_fwd_rows, -(-rstd.size // ROWS_PER_BLOCK), x.size, x3, r3, like, w, eps,
             y3, nr3, rstd)
     return y, new_res, rstd.reshape(stat_shape(x, shape))
@@ -3053,7 +3064,7 @@ def add_rms_norm_backward(
     nparts = _n_parts(m)
     dw_parts = np.empty((nparts, n))  # summed with or without a weight (no branch per element)
     has_rstd = saved is not None
-    like = x3 if rounded else None  # as in add_rms_norm_forward
+    like = _rounding_tag(x3) if rounded else None  # as in add_rms_norm_forward
     _launch(_add_rms_bwd_any, nparts, x.size, dy3, dro3, has_dro, x3, r3, like, w, eps,
             has_rstd, saved if has_rstd else w, dx3, dr3, dw_parts)
     return AddRMSNormGrads(dx, dres, _param_grad(dw_parts, w_arr, shape))
