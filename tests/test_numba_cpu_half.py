@@ -1198,7 +1198,8 @@ def test_the_new_residual_through_float32_is_rounded_once(rng, dtype, rounding):
     residual share a half format (``_halfbits.sum_to``): every finite pattern as x, with r a
     half value a few ulps of x below it, ±x·2^-e(1 + m/8) for e = p - 1 ... p + 2 (p the
     format's bits), where x + r falls on or next to a half-way point of the format, and rows
-    holding inf or NaN: the oracle's bits (its float64 sum rounded once), NaN included."""
+    holding inf or NaN: the oracle's bits (its float64 sum rounded once), NaN included. So
+    does "rounded-sum"'s h (``_halfbits.rounded_sum``, through float32 too), NaN for NaN."""
     p = 8 if dtype == BF16 else 11
     v = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(dtype)
     x = v[np.isfinite(v.astype(np.float32))]
@@ -1219,3 +1220,25 @@ def test_the_new_residual_through_float32_is_rounded_once(rng, dtype, rounding):
             assert diff.size == 0, (
                 f"{diff.size} new residuals differ; first x={xs.flat[diff[0]]!r}, "
                 f"r={rs.flat[diff[0]]!r}: got {got.flat[diff[0]]!r}, oracle {want.flat[diff[0]]!r}")
+            if rounding == "rounded-sum":  # h itself, as the kernels' element loops form it
+                h = _rounded_sums(K._bits(xs).ravel(), K._bits(rs).ravel())
+                h_o = (xs.astype(np.float64) + rs.astype(np.float64)).astype(dtype).ravel()
+                same = (h == h_o.astype(np.float64)) | (np.isnan(h) & np.isnan(h_o))
+                first = np.flatnonzero(~same)[:1]
+                assert same.all(), (f"h differs: x={xs.flat[first]!r}, r={rs.flat[first]!r}: "
+                                    f"got {h[first]!r}, oracle {h_o[first]!r}")
+
+
+def _rounded_sums(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``_halfbits.rounded_sum`` of each pair of half elements (bits), rounded to their own
+    format (the fused add's "rounded-sum" h), in a loop compiled as the kernels' are."""
+    from numba import njit
+
+    @njit
+    def sums(a, b, like):
+        out = np.empty(a.size)
+        for j in range(a.size):
+            out[j] = hb.rounded_sum(a[j], b[j], like)
+        return out
+
+    return sums(a, b, a.dtype.type(0))

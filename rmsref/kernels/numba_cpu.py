@@ -239,7 +239,7 @@ from rmsref.kernels._halfbits import (
     lost_in_work,
     magnitude_key,
     outside_work,
-    rounded_like,
+    rounded_sum,
     smallest_magnitude,
     store_lanes,
     store_lanes_flushed,
@@ -1598,7 +1598,7 @@ def _sum_parts(parts, out):
 # the statistic) or rounded to x's dtype first ("rounded-sum"). RMSNorm's technique on h: Σh² and
 # Σ dxhat·h in the 64 lanes, the forward's blocks pipelined.
 # The rounding of h is chosen by a type, not a flag: ``like`` is None ("fp32-sum") or a zero
-# of x's element type ("rounded-sum", ``_rounding_tag``), and ``_halfbits.rounded_like``
+# of x's element type ("rounded-sum", ``_rounding_tag``), and ``_halfbits.rounded_sum``
 # compiles to the identity or to the rounding, so one kernel serves both, compiled once for
 # each. (``like`` was the x array, passed to ``_h_of`` for every element: its reference count
 # kept the loops from vectorising, and "rounded-sum" ran 5-6x slower than "fp32-sum" at full
@@ -1621,7 +1621,7 @@ def _rounding_tag(x3: np.ndarray) -> np.generic:
 @njit(**_INL)
 def _h_of(xj, rj, like):
     """h_j = x_j + r_j in float64, rounded to the type of ``like`` unless it is None."""
-    return rounded_like(to_f64(xj) + to_f64(rj), like)
+    return rounded_sum(xj, rj, like)
 
 
 @njit(**_INL)
