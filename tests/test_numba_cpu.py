@@ -577,6 +577,32 @@ def test_forked_child_runs_the_kernels(rng):
 
 
 @pytest.mark.parametrize("dtype", _DTYPE_PARAMS)  # float16, float64: slow (their own kernels)
+def test_the_backward_without_a_weight_runs_the_pipelined_kernel(rng, monkeypatch, dtype):
+    """Without a weight (w = 1) the RMSNorm backward, with and without a saved rstd, runs the
+    pipelined kernel (v3 read each row twice: 3x the time per element for float32), and dx has
+    v3's bits (v3 run through a zero bias and a weight of ones), within the tolerance model's
+    bound of the exact value; no dweight is returned."""
+    m, n = 130, 200
+    x, dy = _data(rng, (m, n), dtype), _data(rng, (m, n), dtype)
+    _, rstd = K.rms_norm_forward(x, n)
+    ones, zeros = np.ones(n, dtype), np.zeros(n, dtype)
+    v3 = {s is None: K.rms_norm_backward(dy, x, n, ones, rstd=s, bias=zeros).dx
+          for s in (rstd, None)}
+
+    def no_v3(*args):
+        raise AssertionError("the call ran v3")
+
+    monkeypatch.setattr(K, "_rms_bwd_v3", no_v3)
+    bits = np.dtype(f"u{np.dtype(dtype).itemsize}")
+    for s in (rstd, None):
+        got = K.rms_norm_backward(dy, x, n, rstd=s)
+        assert got.dweight is None and got.dbias is None
+        np.testing.assert_array_equal(got.dx.view(bits), v3[s is None].view(bits))
+    _within_bound("dx", got.dx, _reference(x, n, None, dy), _model(dtype, n, rows=m),
+                  "dx without a weight")
+
+
+@pytest.mark.parametrize("dtype", _DTYPE_PARAMS)  # float16, float64: slow (their own kernels)
 def test_rows_of_zero_dy_are_not_written_again(rng, monkeypatch, dtype):
     """Rows of dy = ±0 (tokens the loss leaves out, often half a batch) keep the pipelined
     backward's bits: Σ dxhat·x is +0 and c = +0 also where the general path sums it again, so

@@ -23,7 +23,7 @@ RMSNorm forward
                      pipelined where they can be, the other rows one at a time).
 RMSNorm backward
     ``_rms_bwd_v6``  rows in fixed parts of ``ROWS_PER_PART``, Σ dxhat·x in the same 64 lanes.
-                     The common call (no ``partial``, a weight, no bias) runs a kernel of its
+                     The common call (no ``partial``, no bias) runs a kernel of its
                      own that writes row r's dx and dweight terms while summing row r + 1's
                      Σ dxhat·x, after computing rstd (``_rms_rstd``) when none was saved; every
                      other call runs ``_rms_bwd_v3`` (the same lanes, a row at a time).
@@ -1379,8 +1379,8 @@ def _bwd_dx_exact(g3, x3, b, i, w, rstd_s, c, dx3):
 @njit(**_PAR)
 def _rms_bwd_pipelined(dy3, x3, w, w32, f64_route, tail, hw, rstd_in, dx3, dw_parts, redo,
                        redo_dw, t0, t1):
-    """v5's kernel: v4's pipelined loop for the common call only (saved rstd, K = N, a weight,
-    no bias), with no branch for the other calls, and every row of a part through the loop
+    """v5's kernel: v4's pipelined loop for the common call only (saved rstd, K = N, a weight
+    or w = 1, no bias), with no branch for the other calls, and every row of a part through the loop
     (the part's last row sums its own Σ dxhat·x again, unused).
 
     A rare row is only flagged here (``redo[r]``: its Σ dxhat·x left [SS_LO, SS_HI], so c must
@@ -1556,16 +1556,19 @@ def _f32_weight(dy3: np.ndarray, x3: np.ndarray, dx3: np.ndarray,
 
 def _rms_bwd_v6(dy3, x3, w, kf, eps, has_rstd, rstd_in, dx3, want_dw, want_db, dw_parts,
                 db_parts, t0, t1):
-    """v6: the common call (K = N, a weight, no bias) runs ``_rms_bwd_pipelined`` when every
+    """v6: the common call (K = N, no bias) runs ``_rms_bwd_pipelined`` when every
     rstd it needs is in the range its unscaled sums allow; every other call runs v3 (a
     Python-level choice: one kernel holding both paths is what v4 is, and v3 compiles faster).
     Without a saved rstd, this thread's rows get theirs from ``_rms_rstd`` first (the values v3
     would recompute, so v3's bits): one more read of x, in exchange for the pipelined loop,
     and a first call that compiles neither v3 nor its recomputation of rstd (bench/compile.py).
     v5 did this for a saved rstd only. A half call whose weight allows it computes dx in
-    float32 (``_f32_weight``), in every kernel, so they keep one another's bits."""
+    float32 (``_f32_weight``), in every kernel, so they keep one another's bits. A call
+    without a weight runs the pipelined kernel too (with w = 1, as v3; the host gives it
+    partial rows for a dweight nobody asked for): v3 read each row twice and took 3x the
+    pipelined kernel's time per element for float32 (2048 rows of 2048)."""
     w32 = _f32_weight(dy3, x3, dx3, w)
-    if kf == x3.shape[2] and want_dw and not want_db:
+    if kf == x3.shape[2] and dw_parts.shape[1] == kf and not want_db:  # a weight or none
         if has_rstd and _saved_rstd_in_range(rstd_in):
             _rms_bwd_common(dy3, x3, w, rstd_in, dx3, dw_parts, t0, t1, w32)
             return
@@ -2838,7 +2841,10 @@ def _rms_norm_backward(
     m = x3.shape[0] * x3.shape[1]
     nparts = _n_parts(m)
     want_dw, want_db = w_arr is not None, b_arr is not None
-    dw_parts = np.empty((nparts, n) if want_dw else (nparts, 0))
+    # dweight's partial rows also where no dweight is wanted but v6's pipelined kernel may run
+    # (it sums them unasked, which costs far less than the one-row-at-a-time loop of v3)
+    pipelined = kf == n and not want_db
+    dw_parts = np.empty((nparts, n) if want_dw or pipelined else (nparts, 0))
     db_parts = np.empty((nparts, n) if want_db else (nparts, 0))
     has_rstd = saved is not None
     _launch(kernel, nparts, x.size, dy3, x3, w, kf, eps, has_rstd, saved if has_rstd else w,
