@@ -230,7 +230,7 @@ def test_multidim_shape_and_views_without_copies(rng):
         g = K.rms_norm_backward(dyv, xv, 65, wn)  # rstd first, then the pipelined kernel
         g_c = K.rms_norm_backward(np.ascontiguousarray(dyv), np.ascontiguousarray(xv), 65, wn)
         assert np.array_equal(g.dx, g_c.dx) and np.array_equal(g.dweight, g_c.dweight), name
-        g = K.rms_norm_backward(dyv, xv, 65)  # no weight: v3's row loops on the same strides
+        g = K.rms_norm_backward(dyv, xv, 65)  # no weight: w = 1 on the same strides
         g_c = K.rms_norm_backward(np.ascontiguousarray(dyv), np.ascontiguousarray(xv), 65)
         assert np.array_equal(g.dx, g_c.dx), name
         # with a saved rstd: the pipelined kernel walking the same strides
