@@ -53,7 +53,7 @@ Fused residual add + RMSNorm and LayerNorm, written the same way
                       corrected two-pass variance, which is also the oracle's "refine mu once");
                       a thread's rows pipelined as one run (y of row r while Σx of row r + 1).
     ``_ln_bwd``       parts as RMSNorm's; (Σ dxhat, Σ dxhat·d) in the 64 lanes, then dx. The
-                      common call (saved mean and rstd, a weight) runs ``_ln_bwd_pipelined``
+                      common call (saved mean and rstd) runs ``_ln_bwd_pipelined``
                       (dx of row r while the sums of row r + 1).
 A pipelined loop sums the next row in the same lanes and order as the row's own reduction, so a
 row has the same bits whichever loop summed it (the tests check this against the unpipelined
@@ -2540,11 +2540,11 @@ def _ln_dx_exact(dy3, x3, b, i, w, mu, rstd, c1, c2, dx3):
 @njit(**_PAR)
 def _ln_bwd_pipelined(dy3, x3, w, mean_in, rstd_in, dx3, want_db, dw_parts, db_parts, redo, hw,
                       t0, t1):
-    """The common call (saved mean and rstd, a weight), as ``_rms_bwd_pipelined``: every row of
-    a part through one loop that writes row r's dx and parameter terms while summing row
-    r + 1's sums (the part's last row sums itself again, unused); a half row with a dx outside
-    the normal range (or one the CPU flushed: ``hw``, ``_bf16_by_cpu``) is flagged in ``redo``
-    and written again by ``_ln_bwd_redo``."""
+    """The common call (saved mean and rstd, a weight or w = 1), as ``_rms_bwd_pipelined``:
+    every row of a part through one loop that writes row r's dx and parameter terms while
+    summing row r + 1's sums (the part's last row sums itself again, unused); a half row with
+    a dx outside the normal range (or one the CPU flushed: ``hw``, ``_bf16_by_cpu``) is
+    flagged in ``redo`` and written again by ``_ln_bwd_redo``."""
     _wide_vectors_for(x3)
     nr = x3.shape[1]
     m = x3.shape[0] * nr
@@ -2593,9 +2593,12 @@ def _ln_bwd_redo(dy3, x3, w, mean_in, rstd_in, dx3, redo, r0, r1):
 
 def _ln_bwd_any(dy3, x3, w, eps, has_stats, mean_in, rstd_in, dx3, want_dw, want_db, dw_parts,
                 db_parts, t0, t1):
-    """The common call (saved statistics, a weight) runs ``_ln_bwd_pipelined``, every other
-    call ``_ln_bwd`` (a Python-level choice, as ``_rms_bwd_v6``: each kernel compiles alone)."""
-    if has_stats and want_dw:
+    """The common call (saved statistics) runs ``_ln_bwd_pipelined``, every other call
+    ``_ln_bwd`` (a Python-level choice, as ``_rms_bwd_v6``: each kernel compiles alone). A
+    call without a weight runs the pipelined kernel with w = 1 and partial rows for a dweight
+    nobody asked for (``_ln_bwd`` took 2.9x its time per element for float32, 2048 rows of
+    2048)."""
+    if has_stats and dw_parts.shape[1] == x3.shape[2]:  # a weight or none
         m = x3.shape[0] * x3.shape[1]
         r0, r1 = _task_rows_py(m, t0, t1, ROWS_PER_PART)
         redo = np.empty(m, np.bool_)  # only rows [r0, r1) are written and read
@@ -3190,9 +3193,11 @@ def layer_norm_backward(
     m = x3.shape[0] * x3.shape[1]
     nparts = _n_parts(m)
     want_dw, want_db = w_arr is not None, b_arr is not None
-    dw_parts = np.empty((nparts, n) if want_dw else (nparts, 0))
-    db_parts = np.empty((nparts, n) if want_db else (nparts, 0))
     has_stats = saved_rstd is not None
+    # dweight's partial rows also where none is wanted but the pipelined kernel runs (saved
+    # statistics): it sums them unasked, as RMSNorm's does
+    dw_parts = np.empty((nparts, n) if want_dw or has_stats else (nparts, 0))
+    db_parts = np.empty((nparts, n) if want_db else (nparts, 0))
     _launch(_ln_bwd_any, nparts, x.size, dy3, x3, w, eps, has_stats,
             saved_mean if has_stats else w, saved_rstd if has_stats else w, dx3, want_dw,
             want_db, dw_parts, db_parts)
