@@ -8,10 +8,11 @@ the shared row helpers) must leave every output bit as it was. The tests check b
 tree (thread counts, batch prefixes, repeats); this script checks them *across* two trees: it
 runs the RMSNorm forward, backward (with and without a saved rstd), LayerNorm forward and
 backward and the fused residual add (its backward with and without a dresidual_out and a saved
-rstd) of the oracle and of each fast backend that can run here on fixed inputs, for each dtype,
-and prints one SHA-256 prefix per output. With ``--against REV`` it checks REV out in a
-temporary worktree, runs this same script there (its own rmsref imported, a fresh Numba cache)
-and lists what differs; the exit status is 1 when anything does.
+rstd; both meanings of the sum) of the oracle and of each fast backend that can run here on
+fixed inputs, for each dtype, and prints one SHA-256 prefix per output. With
+``--against REV`` it checks REV out in a temporary worktree, runs this same script there (its
+own rmsref imported, a fresh Numba cache) and lists what differs; the exit status is 1 when
+anything does.
 
 The inputs are ordinary (unit-scale normal rows, weights in [0.5, 1.5]): a bug fix for extreme
 rows between the two trees does not show here, a change of ordinary results does.
@@ -91,6 +92,12 @@ def hashes(names: list[str], dtypes: list[str]) -> dict[str, str]:
                     call = ("dresidual_out" if dro is not None else "") + (
                         ",rstd" if saved is not None else "")
                     out[f"{key}:add_rms_norm_backward({call.strip(',')})"] = _hash(*g)
+                # the other meaning of the sum, h rounded to x's dtype first (its own loops)
+                y, new_res, rstd = mod.add_rms_norm_forward(x, r, n, w, rounding="rounded-sum")
+                out[f"{key}:add_rms_norm_forward(rounded-sum)"] = _hash(y, new_res, rstd)
+                g = mod.add_rms_norm_backward(dy, new_res, x, r, n, w, rounding="rounded-sum",
+                                              rstd=rstd)
+                out[f"{key}:add_rms_norm_backward(rounded-sum,dresidual_out,rstd)"] = _hash(*g)
     return out
 
 
