@@ -336,10 +336,10 @@ def _layer_norm_candidates(nb, x, dy, w, xv, dyv, fwd_bytes, bwd_bytes) -> list[
 
 def _add_candidates(nb, x, dy, w, xv, dyv, fwd_bytes, bwd_bytes) -> list[Candidate]:
     """The default fused residual add + RMSNorm kernels, for both meanings of the sum
-    (``rounding``; "rounded-sum" once ran 5-6x slower than "fp32-sum", unseen while only the
-    default was timed): residual = dy's data (any second array), dresidual_out = x's, the
-    backward with the forward's saved rstd. Checked against the oracle as the LayerNorm rows
-    are; new_residual bit for bit."""
+    (``rounding``; "rounded-sum" once ran 7-20x slower than "fp32-sum" for half types,
+    unseen while only the default was timed): residual = dy's data (any second array),
+    dresidual_out = x's, the backward with the forward's saved rstd. Checked against the
+    oracle as the LayerNorm rows are; new_residual bit for bit."""
     return (_add_pair(nb, x, dy, w, xv, dyv, fwd_bytes, bwd_bytes, "fp32-sum", ADD_FWD, ADD_BWD)
             + _add_pair(nb, x, dy, w, xv, dyv, fwd_bytes, bwd_bytes, "rounded-sum", ADD_FWD_RS,
                         ADD_BWD_RS))

@@ -1604,11 +1604,13 @@ def _sum_parts(parts, out):
 # of x's element type ("rounded-sum", ``_rounding_tag``), and ``_halfbits.rounded_sum``
 # compiles to the identity or to the rounding, so one kernel serves both, compiled once for
 # each. (``like`` was the x array, passed to ``_h_of`` for every element: its reference count
-# kept the loops from vectorising, and "rounded-sum" ran 5-6x slower than "fp32-sum" at full
-# size, bfloat16 and float32.) The element loops index their
-# rows (1-D views) themselves, pass values to the helpers and do their own stores: an array
-# argument of an inlined per-element helper (a row to store into, or a row and an index to
-# read) costs a reference count update per element and kept the loops from vectorising, as
+# kept the loops from vectorising. With that and h rounded to the half format from float64,
+# which ``rounded_sum`` now avoids where x, the residual and x's dtype are one half format,
+# "rounded-sum" ran 7-20x slower than "fp32-sum" for half types at full size, 1.3-2x for
+# float32.) The element loops index their rows (1-D views) themselves, pass values to the
+# helpers and do their own stores: an array argument of an inlined per-element helper (a row
+# to store into, or a row and an index to read) costs a reference count update per element
+# and kept the loops from vectorising, as
 # ``_ln_dx`` notes (bench/halfrow.py, float32 in cache: the forward's row 1.3 -> 0.46 ns per
 # element, the backward's 2.2 -> 0.79; bfloat16 3.2 -> 0.75 and 10.4 -> 1.24).
 # A row helper that takes the scale exponent k is compiled twice: inlined for the common row,
