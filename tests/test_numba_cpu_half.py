@@ -772,26 +772,35 @@ def test_the_backward_routes_a_bfloat16_dx_by_the_cpu_and_the_layout():
     assert K._bf16_by_cpu(K._bits(np.zeros((1, 2, 64), np.float16))) is None
 
 
-def test_a_subnormal_bfloat16_dx_keeps_its_bits(rng):
-    """A dx whose float32 value is subnormal (dy_j a bfloat16 subnormal where x_j = 0, so
-    dx_j = rstd·dy_j·w_j) is not flushed to zero by the CPU's rounding: its row is flagged
-    and written again, with the integer rounding's bits, which a strided ``out`` (element by
-    element) gives too, and which equal the oracle's. In rows of 200 (three blocks and a
-    tail): in a block's first and last element, and in the tail (no block store there);
-    a dx of exactly 0 (dy_j = x_j = 0) is not flagged."""
+@pytest.mark.parametrize("tiny_by", ["dy", "weight"])
+def test_a_subnormal_bfloat16_dx_keeps_its_bits(rng, tiny_by):
+    """A dx whose float32 value is subnormal (x_j = 0, so dx_j = rstd·dy_j·w_j) is not
+    flushed to zero by the CPU's rounding: its row is written again, with the integer
+    rounding's bits, which a strided ``out`` (element by element) gives too, and which equal
+    the oracle's. In rows of 200 (three blocks and a tail): in a block's first and last
+    element, and in the tail (no block store there); a dx of exactly 0 (dy_j = x_j = 0) is
+    not flagged. Two ways to a subnormal dx: a subnormal dy_j (2^-130), whose row also leaves
+    ``_gx_exact``'s bound (a g·x may underflow), so the loop flags it on every CPU; and a
+    normal dy_j (2^-58) times a weight of 2^-70 in that column, which only the CPU's rounding
+    (``store_lanes_flushed``) can flag, so rows are flagged only where it rounds."""
     m, n = 70, 200
     x = rng.standard_normal((m, n)).astype(BF16)
     dy = rng.standard_normal((m, n)).astype(BF16)
     w = rng.uniform(0.5, 1.5, n).astype(BF16)
-    for r, j in ((3, 0), (3, 127), (40, 63), (69, 199)):
+    cells = ((3, 0), (3, 127), (40, 63), (69, 199))
+    for r, j in cells:
         x[r, j] = 0.0
-        dy[r, j] = 2.0**-130 * (1 if j % 2 else -1)
+        sign = 1 if j % 2 else -1
+        if tiny_by == "dy":
+            dy[r, j] = 2.0**-130 * sign
+        else:
+            dy[r, j], w[j] = 2.0**-58 * sign, 2.0**-70
     x[10, 60:70], dy[10, 60:70] = 0.0, 0.0  # dx_j = 0 exactly
     _, rstd = K.rms_norm_forward(x, n, w)
     got = K.rms_norm_backward(dy, x, n, w, rstd=rstd)
     want = rmsref.rms_norm_backward(dy, x, n, w, rstd=rstd)
     np.testing.assert_array_equal(got.dx.view(np.uint16), want.dx.view(np.uint16))
-    tiny = np.abs(got.dx.astype(np.float32)[[3, 3, 40, 69], [0, 127, 63, 199]])
+    tiny = np.abs(got.dx.astype(np.float32)[tuple(np.transpose(cells))])
     assert ((tiny > 0) & (tiny < 2.0**-126)).all()  # subnormal, not flushed
     out = np.empty((m, 2 * n), BF16)[:, ::2]
     K.rms_norm_backward(dy, x, n, w, rstd=rstd, out=out)
@@ -800,12 +809,14 @@ def test_a_subnormal_bfloat16_dx_keeps_its_bits(rng):
     dx3 = np.empty_like(x3)
     w64 = w.astype(np.float64)
     w32 = K._f32_weight(g3, x3, dx3, w64)
+    assert w32 is not None  # the float32 route, whose store the test is about
     parts = np.empty((-(-m // K.ROWS_PER_PART), n))
     redo, redo_dw = np.empty(m, np.bool_), np.empty(parts.shape[0], np.bool_)
     K._rms_bwd_pipelined(g3, x3, w64, w32, *K._bwd_route_types(x3, dx3, w32),
                          rstd.reshape(-1).astype(np.float64), dx3, parts, redo, redo_dw, 0,
                          parts.shape[0])
-    flagged = [3, 40] if hb.BF16_HW_FLUSHED else []  # row 69's is in the tail: integer
+    # row 69's tiny dx is in the tail, which the integer rounding writes: never flagged
+    flagged = [3, 40] if tiny_by == "dy" or hb.BF16_HW_FLUSHED else []
     assert list(np.flatnonzero(redo)) == flagged
 
 
