@@ -486,8 +486,8 @@ def rounded_sum(a, b, like):
     stays a NaN there too: its float32 payload is a bfloat16 input's (or the default NaN's),
     whose low 16 bits are zero, so the rounding carries nothing into its exponent or sign.
     ``f32_to_bf16_bits``, whose NaN select needs no such argument, made the fused add's
-    "rounded-sum" bfloat16 rows 40-60 % slower in cache (bench/halfrow.py's rows, N = 4096:
-    backward 1.14 against 0.82 ns per element, forward 0.83 against 0.51)."""
+    "rounded-sum" bfloat16 rows 40-60 % slower in cache on an AVX-512 CPU (bench/halfrow.py's
+    rows, N = 4096: backward 1.14 against 0.82 ns per element, forward 0.83 against 0.51)."""
     raise NotImplementedError("rounded_sum is only callable from Numba-compiled code")
 
 
