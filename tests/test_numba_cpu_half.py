@@ -187,20 +187,33 @@ def test_the_bfloat16_forward_into_a_strided_out_has_the_same_bits(rng):
     np.testing.assert_array_equal(out.view(np.uint16), y.view(np.uint16))
 
 
+@pytest.mark.parametrize("where", ["block", "tail"])
 @pytest.mark.parametrize("rows", [1, 40], ids=["one-row", "pipelined"])
-def test_an_x_rstd_lost_to_float32_underflow_is_not_a_wrong_y(rows):
+@pytest.mark.parametrize("op", ["rms_norm", "add_rms_norm"])
+def test_an_x_rstd_lost_to_float32_underflow_is_not_a_wrong_y(op, rows, where):
     """Tiny x beside large ones (rstd ~ 2^-60) times large weights: x·rstd falls below
     float32's normal range (zero for 2^-100·2^-60, a few bits for 3·2^-80·2^-60) while
     y = x·rstd·w' is an ordinary bfloat16 value. y equals the oracle's bits (the row is written
     again in float64), not a zero or a value cut to a float32 subnormal's bits (the fuzz test
-    once found -0.0 for -2.37e-28). A float16 y cannot get there: its w' < 2^16 (or, with a
-    large offset, every large x's y overflows and the row is written again anyway)."""
-    x = np.tile([2.0**60, -1.0078125 * 2.0**-100, 3.0 * 2.0**-80, 2.0**59], (rows, 1))
-    x = x.astype(BF16)
-    w = np.array([1.0, 2.0**100, 2.0**100, 1.0]).astype(BF16)
-    y, _ = K.rms_norm_forward(x, 4, w)
-    want, _ = rmsref.rms_norm_forward(x, 4, w)
-    assert (want.astype(np.float64)[:, 1] < 0).all() and (want.astype(np.float64)[:, 2] > 0).all()
+    once found -0.0 for -2.37e-28). So for the fused add's y (h = x + 0), and with the tiny
+    values in a 64-element block of the pipelined loops or in the row's tail, whose
+    elements the row's bound (``_halfbits.lost_in_row``) must also see. A float16 y cannot
+    get there: its w' < 2^16 (or, with a large offset, every large x's y overflows and the
+    row is written again anyway)."""
+    n, j0 = (64, 0) if where == "block" else (68, 64)
+    x, w = np.zeros((rows, n)), np.ones(n)
+    x[:, j0:j0 + 4] = [2.0**60, -1.0078125 * 2.0**-100, 3.0 * 2.0**-80, 2.0**59]
+    w[j0 + 1:j0 + 3] = 2.0**100
+    x, w = x.astype(BF16), w.astype(BF16)
+    if op == "rms_norm":
+        y, _ = K.rms_norm_forward(x, n, w)
+        want, _ = rmsref.rms_norm_forward(x, n, w)
+    else:
+        zero = np.zeros_like(x)
+        y = K.add_rms_norm_forward(x, zero, n, w)[0]
+        want = rmsref.add_rms_norm_forward(x, zero, n, w)[0]
+    tiny = want.astype(np.float64)[:, j0 + 1:j0 + 3]
+    assert (tiny[:, 0] < 0).all() and (tiny[:, 1] > 0).all()  # ordinary values, not zeros
     np.testing.assert_array_equal(y.view(np.uint16), want.view(np.uint16))
 
 

@@ -413,7 +413,7 @@ def _outside_normal_impl(v, out):
 # pattern in tests/test_numba_cpu_half.py): >= 99.9 % of elements bit-equal to the oracle's
 # float64 value rounded once, the rest one ulp away; ``outside_work`` flags a value that
 # rounds to inf (which may be one that rounded once is finite) and NaN,
-# ``lost_in_work`` an x·rstd that underflowed float32 (RMSNorm's y), and ``work_in_range``
+# ``lost_in_row`` an x·rstd that underflowed float32 (RMSNorm's y), and ``work_in_range``
 # rows whose rstd would make float32 products overflow or lose bits, and the kernels write
 # those rows again in float64, rounded once (the oracle's bits).
 
@@ -460,14 +460,27 @@ def outside_work(v, out):
     raise NotImplementedError("outside_work is only callable from Numba-compiled code")
 
 
-def lost_in_work(xw, xhat, x, out):
-    """Whether the working-precision product ``xhat = xw·rstd`` of a nonzero ``xw`` (an element
-    of array ``x``) fell below float32's normal range (2^-126), where it keeps fewer than 24
-    bits or none: y = xhat·w' can still be a normal half value (a tiny x beside a large one,
-    times a large weight), so such a row is written again in float64. Always False for
-    float64 work, and for float16 x: its smallest nonzero magnitude is 2^-24, and the float32
-    route takes rows with rstd >= 2^-100 only (``work_in_range``), so |xhat| >= 2^-124."""
-    raise NotImplementedError("lost_in_work is only callable from Numba-compiled code")
+def note_magnitude(key, xw, x, out):
+    """A row's running key of its smallest nonzero |xw| with one more element taken in:
+    max(key, ``magnitude_key(xw)``) where ``lost_in_row`` applies to a row of array ``x``
+    written into ``out`` (a half output computed in float32 from bfloat16 or float32 x), else
+    ``key`` itself (the call compiles to nothing). ``xw`` is an element of ``x`` (its bits:
+    a uint16 key for bfloat16) or a float32 value (the fused add's h: a uint32 key); a key of
+    the other width is a typing error, not a silent truncation."""
+    raise NotImplementedError("note_magnitude is only callable from Numba-compiled code")
+
+
+def lost_in_row(key, rstd_w, x, out):
+    """Whether an xhat = xw·rstd_w of a nonzero xw of the row whose keys ``note_magnitude``
+    kept (``key``, their maximum: the smallest nonzero |xw|, m) fell below float32's normal
+    range (2^-126), where it keeps fewer than 24 bits or none: y = xhat·w' can still be a
+    normal half value (a tiny x beside a large one, times a large weight), so such a row is
+    written again in float64. Rounding is monotonic, so fl(m·rstd_w) is the smallest
+    |xhat| of the row's nonzero xw: one test per row gives the test of every element. Always
+    False for float64 work, and for float16 x: its smallest nonzero magnitude is 2^-24 (and a
+    fused add's h = x + r is a multiple of it), and the float32 route takes rows with
+    rstd >= 2^-100 only (``work_in_range``), so |xhat| >= 2^-124."""
+    raise NotImplementedError("lost_in_row is only callable from Numba-compiled code")
 
 
 def rounded_sum(a, b, like):
@@ -791,13 +804,14 @@ def emit_lanes_max(builder, keys):
 @intrinsic
 def smallest_magnitude(typingctx, key, x):
     """The float32 value of the smallest nonzero |x_j| from the maximum ``key`` of
-    ``magnitude_key`` over a row of array ``x`` (bfloat16 or float16 bits, or float32); inf
+    ``magnitude_key`` over a row of array ``x`` (bfloat16 or float16 bits, or float32), or
+    over values of the scalar type of ``x`` (a float32 zero for float32 values); inf
     when every x_j is ±0 (key 0). For float16 the magnitude's bits moved up 13 places, times
     2^112 (exact: ``f16_bits_to_f32``), so finite values only: a row with an inf or NaN never
     takes the bound (its rstd leaves the float32 route's range)."""
     from llvmlite import ir
 
-    fmt = x.dtype if isinstance(x, types.Array) else None
+    fmt = x.dtype if isinstance(x, types.Array) else x
     if fmt not in (types.int16, types.uint16, types.float32) or key.bitwidth != fmt.bitwidth:
         return None
 
@@ -847,16 +861,39 @@ def _outside_work_impl(v, out):
     return lambda v, out: (np.float32(v).view(np.int32) & np.int32(0x7FFFFFFF)) >= to_inf
 
 
-@overload(lost_in_work, jit_options={"nogil": True})
-def _lost_in_work_impl(xw, xhat, x, out):
-    if xhat != types.float32 or out.dtype not in (types.int16, types.uint16):
-        return lambda xw, xhat, x, out: False
-    if x.dtype == types.uint16:  # float16 x: never (the docstring)
-        return lambda xw, xhat, x, out: False
-    # |xhat| below the smallest normal (0 included) while x is not zero
-    return lambda xw, xhat, x, out: (
-        (np.float32(xhat).view(np.int32) & np.int32(0x7FFFFFFF)) < np.int32(0x00800000)
-    ) & ((np.float32(xw).view(np.int32) & np.int32(0x7FFFFFFF)) != np.int32(0))
+#: float32's smallest normal value, 2^-126.
+TINY32 = np.float32(2.0**-126)
+
+
+def _may_lose(x, out) -> bool:
+    """Whether a row of array type ``x`` written into ``out`` can lose an xhat to float32's
+    underflow (``lost_in_row``): a half output computed in float32 from bfloat16 or float32
+    elements."""
+    return out.dtype in (types.int16, types.uint16) and x.dtype in (types.int16, types.float32)
+
+
+@overload(note_magnitude, jit_options={"nogil": True})
+def _note_magnitude_impl(key, xw, x, out):
+    if not _may_lose(x, out):
+        return lambda key, xw, x, out: key
+    if key.bitwidth != (32 if xw == types.float32 else 16):
+        return None
+
+    def impl(key, xw, x, out):
+        k = magnitude_key(xw)
+        return k if k > key else key
+
+    return impl
+
+
+@overload(lost_in_row, jit_options={"nogil": True})
+def _lost_in_row_impl(key, rstd_w, x, out):
+    if not _may_lose(x, out):
+        return lambda key, rstd_w, x, out: False
+    if key.bitwidth == 32:  # keys of float32 values, whatever x holds
+        return lambda key, rstd_w, x, out: (
+            np.float32(smallest_magnitude(key, np.float32(0.0)) * rstd_w) < TINY32)
+    return lambda key, rstd_w, x, out: np.float32(smallest_magnitude(key, x) * rstd_w) < TINY32
 
 
 def add_square(acc, v, x):

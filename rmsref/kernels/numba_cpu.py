@@ -229,6 +229,7 @@ from rmsref.kernels._halfbits import (
     BF16_HW_FLUSHED,
     F16_BITS,
     F32_BITS_TO_INF,
+    TINY32,
     _fma,
     add_square,
     as_work,
@@ -236,8 +237,9 @@ from rmsref.kernels._halfbits import (
     emit_lanes_max,
     from_f64,
     from_work,
-    lost_in_work,
+    lost_in_row,
     magnitude_key,
+    note_magnitude,
     outside_work,
     rounded_sum,
     smallest_magnitude,
@@ -652,13 +654,14 @@ def _rms_write(x3, b, i, w, ww, bias, has_bias, y3, rstd_s, k):
     if k == 0 and not has_bias and work_in_range(rstd_s, x3, y3):
         rstd_w = as_work(rstd_s, x3, y3)
         outside = False
+        key = _key_lanes(x3)[0]  # the row's smallest nonzero |x_j|, for ``lost_in_row``
         for j in range(x3.shape[2]):
-            xj = to_work(x3[b, i, j], y3)
-            xhat = xj * rstd_w
-            yj = xhat * ww[j]
+            yj = to_work(x3[b, i, j], y3) * rstd_w * ww[j]  # (3)-(4)
             y3[b, i, j] = from_work(yj, y3)
-            outside |= outside_work(yj, y3) | lost_in_work(xj, xhat, x3, y3)
-        if outside:  # a rare row: written again in float64, rounded by from_f64
+            outside |= outside_work(yj, y3)
+            key = note_magnitude(key, x3[b, i, j], x3, y3)
+        if outside or lost_in_row(key, rstd_w, x3, y3):  # a rare row: written again in
+            # float64, rounded by from_f64
             _rms_write_general(x3, b, i, w, bias, has_bias, y3, rstd_s, k)  # (False, 0)
     else:
         _rms_write_general(x3, b, i, w, bias, has_bias, y3, rstd_s, k)
@@ -715,10 +718,6 @@ def _task_rows_py(m, t0, t1, rows_per_task):
 _task_rows = njit(**_INL)(_task_rows_py)
 
 
-#: float32's smallest normal value, 2^-126.
-TINY32 = np.float32(2.0**-126)
-
-
 def _weight_floor(w: np.ndarray, x3: np.ndarray, y3: np.ndarray) -> np.float32 | None:
     """What routes the pipelined forward's y (``_write_and_sumsq``): for a bfloat16 y computed
     in float32 (x3 a half view or float32) into a C-contiguous y3 on a CPU that rounds to
@@ -741,8 +740,9 @@ def _y_lanes(x3, b, i, j0, ww, y3, rstd_w, check_y, keys):
     """y_j = (x_j·rstd)·w'_j of row (b, i) for j in [j0, j0 + 64), bfloat16 computed in
     float32 (``rstd_w``, ``ww``), into 64 float32 lanes rounded in hardware by one
     ``store_lanes``; the block's x_j go into ``keys`` (``magnitude_key``) for the row's bound
-    ``_y_normal``, in place of a test of each x·rstd for underflow (``lost_in_work``), which
-    cost as much as the rounding (bench/halfrow.py). Eqs. (3)-(4). Returns whether, with
+    ``_y_normal``, in place of tests of each x·rstd for underflow (which cost as much as the
+    rounding, bench/halfrow.py) and of each y_j for a subnormal (which the store flushes).
+    Eqs. (3)-(4). Returns whether, with
     ``check_y``, a y_j is inf or NaN."""
     y_l = _lanes32()
     outside = False
@@ -759,19 +759,25 @@ def _y_lanes(x3, b, i, j0, ww, y3, rstd_w, check_y, keys):
 
 
 @njit(**_INL)
+def _max_key(keys):
+    """The largest of LANES keys (``_key_lanes``): the smallest nonzero magnitude's."""
+    key = keys[0]
+    for lane in range(1, LANES):
+        key = keys[lane] if keys[lane] > key else key
+    return key
+
+
+@njit(**_INL)
 def _y_normal(keys, rstd_w, w_floor, x3):
     """Whether every y_j of a row written by ``_y_lanes`` is ±0 or normal, and every x_j·rstd
     of a nonzero x_j normal: then ``store_lanes``'s hardware rounding gives the integer
-    rounding's bits, and no x·rstd lost bits to underflow (``lost_in_work``). A bound from the
+    rounding's bits, and no x·rstd lost bits to underflow (``lost_in_row``). A bound from the
     row's smallest nonzero |x_j| (the maximum of ``keys``), m: rounding is monotonic, so
     |fl(x_j·rstd)| >= fl(m·rstd) for every nonzero x_j, and |y_j| >= fl(fl(m·rstd)·w_floor)
     where w'_j != 0 (``_weight_floor``; y_j is ±0 exactly where x_j or w'_j is). A row it fails
     (tiny values beside large ones, or tiny weights) is written again by ``_rms_write``, whose
-    tests are per element, so its bits do not depend on the bound."""
-    key = keys[0]
-    for lane in range(1, LANES):
-        key = keys[lane] if keys[lane] > key else key
-    xhat_min = np.float32(smallest_magnitude(key, x3) * rstd_w)
+    tests are exact (each y_j's, and ``lost_in_row``), so its bits do not depend on the bound."""
+    xhat_min = np.float32(smallest_magnitude(_max_key(keys), x3) * rstd_w)
     return xhat_min >= TINY32 and np.float32(xhat_min * w_floor) >= TINY32
 
 
@@ -780,10 +786,11 @@ def _write_and_sumsq(x3, b, i, ww, y3, rstd_w, b1, i1, check_y, w_floor):
     """Row (b, i)'s y (no bias, unscaled, in the working precision: ``rstd_w``, ``ww``) while
     summing the squares of row (b1, i1) in the 64 lanes of ``_sumsq_v3``, in the same order
     (so the same bits as ``_sumsq_v3``; v4). Returns (Σx² of row (b1, i1), whether row (b, i)
-    must be written again by ``_rms_write``: a y_j that needs the float64 route, or, on the
-    lanes route (``w_floor`` not None: ``_weight_floor``), a row outside ``_y_normal``'s
-    bound). ``check_y`` (a constant at each call site) False leaves out the test of each y_j
-    for inf and NaN, for calls where ``_y_bounded`` showed that no y_j can be either."""
+    must be written again by ``_rms_write``: a y_j that needs the float64 route, an x·rstd
+    lost to underflow (``lost_in_row``, on the row's keys), or, on the lanes route
+    (``w_floor`` not None: ``_weight_floor``), a row outside ``_y_normal``'s bound).
+    ``check_y`` (a constant at each call site) False leaves out the test of each y_j for inf
+    and NaN, for calls where ``_y_bounded`` showed that no y_j can be either."""
     n = x3.shape[2]
     acc = _lanes_aligned()
     keys = _key_lanes(x3)
@@ -795,11 +802,11 @@ def _write_and_sumsq(x3, b, i, ww, y3, rstd_w, b1, i1, check_y, w_floor):
         if w_floor is None:  # element by element
             for lane in range(LANES):
                 j = j0 + lane
-                xj = to_work(x3[b, i, j], y3)
-                xhat = xj * rstd_w
-                yj = xhat * ww[j]  # (3)-(4)
+                yj = to_work(x3[b, i, j], y3) * rstd_w * ww[j]  # (3)-(4)
                 y3[b, i, j] = from_work(yj, y3)
-                outside |= (check_y & outside_work(yj, y3)) | lost_in_work(xj, xhat, x3, y3)
+                outside |= check_y & outside_work(yj, y3)
+            for lane in range(LANES):  # a loop of its own, as in ``_y_lanes``
+                keys[lane] = note_magnitude(keys[lane], x3[b, i, j0 + lane], x3, y3)
         else:
             outside |= _y_lanes(x3, b, i, j0, ww, y3, rstd_w, check_y, keys)  # (3)-(4)
         for lane in range(LANES):  # a loop of its own: LLVM then keeps the lanes in registers
@@ -807,14 +814,15 @@ def _write_and_sumsq(x3, b, i, ww, y3, rstd_w, b1, i1, check_y, w_floor):
             acc[lane] = add_square(acc[lane], v, x3)  # (1) of the next row
     for lane in range(n - n64):
         j = n64 + lane
-        xj = to_work(x3[b, i, j], y3)
-        xhat = xj * rstd_w
-        yj = xhat * ww[j]
+        yj = to_work(x3[b, i, j], y3) * rstd_w * ww[j]
         y3[b, i, j] = from_work(yj, y3)
-        outside |= (check_y & outside_work(yj, y3)) | lost_in_work(xj, xhat, x3, y3)
+        outside |= check_y & outside_work(yj, y3)
+        keys[lane] = note_magnitude(keys[lane], x3[b, i, j], x3, y3)  # either route
         v = to_f64(x3[b1, i1, j])
         acc[lane] = add_square(acc[lane], v, x3)
-    if w_floor is not None:
+    if w_floor is None:
+        outside |= lost_in_row(_max_key(keys), rstd_w, x3, y3)
+    else:
         outside |= not _y_normal(keys, rstd_w, w_floor, x3)
     return _lane_tree(acc), outside
 
@@ -1701,7 +1709,7 @@ def _add_write_and_sumsq(x3, r3, like, b, i, w, ww, y3, rstd_s, res3, b1, i1, hw
     new_residual, in the lanes of ``_add_sumsq`` (same order, so the same bits). ``ww``: None,
     y in float64 rounded to the working precision (``as_work``), as RMSNorm's dx; or the
     weight in float32 (``_add_f32_weight``), y in float32 arithmetic as RMSNorm's,
-    fl(fl(fl32(h)·fl(rstd))·w'), a row with an h·rstd lost to underflow (``lost_in_work``)
+    fl(fl(fl32(h)·fl(rstd))·w'), a row with an h·rstd lost to underflow (``lost_in_row``)
     flagged as one with an inf. The new residual is rounded by ``sum_to``.
     ``hw``: None, or True where x, the residual and both outputs are C-contiguous bfloat16
     and the CPU rounds (``_add_by_cpu``): y and the new residual (``sum_to``'s float32 h)
@@ -1715,6 +1723,7 @@ def _add_write_and_sumsq(x3, r3, like, b, i, w, ww, y3, rstd_s, res3, b1, i1, hw
     acc = _lanes()
     y_blk = _lanes32()  # the block's float32 y and new residual, for ``store_lanes_flushed``
     res_blk = _lanes32()
+    keys = _key_lanes(res_blk)  # of the float32 h, for ``lost_in_row``
     rstd_w = np.float32(rstd_s)  # the float32 route's rstd
     outside = False
     y_flushed = False
@@ -1731,9 +1740,8 @@ def _add_write_and_sumsq(x3, r3, like, b, i, w, ww, y3, rstd_s, res3, b1, i1, hw
             if ww is None:
                 yj = as_work(h * rstd_s * w[j], x3, y3)  # (3)-(4) in float64
             else:  # (3)-(4) in float32, h rounded once (exact for the rounded sum)
-                xhat = np.float32(h) * rstd_w
-                yj = xhat * ww[j]
-                outside |= lost_in_work(np.float32(h), xhat, x3, y3)
+                yj = np.float32(h) * rstd_w * ww[j]
+                keys[lane] = note_magnitude(keys[lane], np.float32(h), x3, y3)
             if hw is None:
                 y[j] = from_work(yj, y3)
             else:
@@ -1757,14 +1765,15 @@ def _add_write_and_sumsq(x3, r3, like, b, i, w, ww, y3, rstd_s, res3, b1, i1, hw
         if ww is None:
             yj = as_work(h * rstd_s * w[j], x3, y3)
         else:
-            xhat = np.float32(h) * rstd_w
-            yj = xhat * ww[j]
-            outside |= lost_in_work(np.float32(h), xhat, x3, y3)
+            yj = np.float32(h) * rstd_w * ww[j]
+            keys[lane] = note_magnitude(keys[lane], np.float32(h), x3, y3)
         y[j] = from_work(yj, y3)
         outside |= outside_work(yj, y3)
         h = _h_of(x1[j], r1[j], like)
         res1[j] = sum_to(h, x3, r3, res3)
         acc[lane] += h * h
+    if ww is not None:
+        outside |= lost_in_row(_max_key(keys), rstd_w, x3, y3)
     return _lane_tree(acc), outside, y_flushed, res_flushed
 
 
@@ -1871,7 +1880,7 @@ def _add_f32_weight(w: np.ndarray, x3: np.ndarray, r3: np.ndarray,
                     y3: np.ndarray) -> np.ndarray | None:
     """The weight in float32 where the fused add's y is computed in float32 arithmetic
     (``_add_write_and_sumsq``): a half y, x and the residual of one half format (so a nonzero
-    float16 h is at least 2^-24, and ``lost_in_work`` need test only bfloat16 rows); else
+    float16 h is at least 2^-24, and ``lost_in_row`` need test only bfloat16 rows); else
     None. A type, as ``_ln_f32_weight``."""
     if y3.dtype not in (BF16_BITS, F16_BITS) or not x3.dtype == r3.dtype == y3.dtype:
         return None
