@@ -3,6 +3,7 @@ timed on one thread with the data in cache, per element.
 
     python bench/halfrow.py                 # bfloat16, float16, float32 at N = 4096
     python bench/halfrow.py --n 8192 --rounds 21
+    python bench/halfrow.py --against HEAD~1 --dtypes bfloat16   # two trees in one process
 
 A kernel is near the copy's speed when its compute per element hides under the memory traffic;
 this script takes the memory out (two rows of x and dy, a weight row and an output row, reused
@@ -31,23 +32,60 @@ this script takes the memory out (two rows of x and dy, a weight row and an outp
 Each helper is compiled as the kernels compile it (``_wide_vectors_for``: 512-bit vectors for
 half rows). Times are the minimum over interleaved rounds (the machine may be shared), in ns
 per element.
+
+``--against REV`` times commit REV's helpers beside this tree's, in the same process and the
+same interleaved rounds (REV's ``rmsref`` exported from git into a temporary folder and
+imported as ``rmsref_rev``), and prints their ratio. Use it to judge a change: separate runs
+of this script on a shared machine differed by up to 40 % for the same code (AMD EPYC, 2
+cores, 2026-12-07), where one run's interleaved rounds agree within a few per cent.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
+import re
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
 import rmsref
+from rmsref.kernels import _halfbits as H
 from rmsref.kernels import numba_cpu as K
-from rmsref.kernels._halfbits import as_work, from_f64, to_f64, work_row
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: (column suffix, the tree's numba_cpu, its _halfbits): this tree's, then --against's
+Tree = tuple[str, ModuleType, ModuleType]
+HERE: Tree = ("", K, H)
 
 
-def _kernels():
+def tree_at(rev: str, folder: Path | None = None) -> Tree:
+    """Commit ``rev``'s rmsref, exported by git into ``folder`` (a new temporary one by
+    default, put on ``sys.path``) as package ``rmsref_rev`` (its imports of rmsref rewritten),
+    so both trees' kernels compile and run in this process."""
+    folder = folder or Path(tempfile.mkdtemp(prefix="halfrow-"))
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "rmsref"],
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+    (folder / "rmsref").rename(folder / "rmsref_rev")
+    for path in (folder / "rmsref_rev").rglob("*.py"):
+        text = re.sub(r"\brmsref(?=[. ])", "rmsref_rev", path.read_text())
+        path.write_text(text)
+    sys.path.insert(0, str(folder))
+    return (f" {rev}", importlib.import_module("rmsref_rev.kernels.numba_cpu"),
+            importlib.import_module("rmsref_rev.kernels._halfbits"))
+
+
+def _kernels(K: ModuleType = K, H: ModuleType = H):
+    """The row helpers of one tree (``K``, ``H``: its numba_cpu and _halfbits), each called
+    ``reps`` times from compiled code."""
     from numba import njit
 
     opts = {"nogil": True, "error_model": "numpy"}
@@ -66,15 +104,15 @@ def _kernels():
         for rep in range(reps):
             rstd = 1.0 + rep * 1e-9
             for j in range(x3.shape[2]):
-                y3[0, 0, j] = from_f64(to_f64(x3[0, 0, j]) * rstd * w[j], y3)
+                y3[0, 0, j] = H.from_f64(H.to_f64(x3[0, 0, j]) * rstd * w[j], y3)
 
     @njit(**opts)
     def fwd_row(x3, w, y3, w_floor, reps):
         K._wide_vectors_for(x3)  # as the kernels: 512-bit vectors for half rows
         t = 0.0
-        ww = work_row(w, x3, y3)
+        ww = H.work_row(w, x3, y3)
         for rep in range(reps):
-            rstd_w = as_work(1.0 + rep * 1e-9, x3, y3)
+            rstd_w = H.as_work(1.0 + rep * 1e-9, x3, y3)
             ss, outside = K._write_and_sumsq(x3, 0, 0, ww, y3, rstd_w, 0, 1, False, w_floor)
             t += ss + outside  # both results used: an unused flag's tests would be left out
         return t
@@ -82,7 +120,7 @@ def _kernels():
     @njit(**opts)
     def write_row(x3, w, y3, reps):
         K._wide_vectors_for(x3)  # as the kernels: 512-bit vectors for half rows
-        ww = work_row(w, x3, y3)
+        ww = H.work_row(w, x3, y3)
         for rep in range(reps):
             K._rms_write(x3, 0, 0, w, ww, w, False, y3, 1.0 + rep * 1e-9, 0)
 
@@ -123,7 +161,7 @@ def _kernels():
     return sumsq, encode_exact, fwd_row, write_row, bwd_row, add_fwd_row, add_bwd_row
 
 
-def _kernel_loops():
+def _kernel_loops(K: ModuleType = K):
     """The default RMSNorm kernels themselves, called ``reps`` times from compiled code (no
     Python call in the timing): the forward (``_rms_fwd_pipelined``) and the backward with a saved
     rstd (``_rms_bwd_pipelined``), each on every row of its arrays, on one thread."""
@@ -151,77 +189,83 @@ def _kernel_loops():
 IN_CACHE_BYTES = 1 << 19
 
 
-def in_cache(dtype: np.dtype, n: int, reps: int, rounds: int) -> dict[str, float]:
+def _best(calls: dict, reps: int, rounds: int, elements: int) -> dict[str, float]:
+    """ns per element of each call (``reps`` calls' worth of ``elements``), the minimum over
+    ``rounds`` rounds that take every call in turn; each is called once first (compiling)."""
+    for call in calls.values():
+        call(1)
+    best = dict.fromkeys(calls, float("inf"))
+    for _ in range(rounds):
+        for name, call in calls.items():
+            t0 = time.perf_counter()
+            call(reps)
+            best[name] = min(best[name], (time.perf_counter() - t0) / (elements * reps) * 1e9)
+    return best
+
+
+def in_cache(dtype: np.dtype, n: int, reps: int, rounds: int,
+             trees: list[Tree] | None = None) -> dict[str, float]:
     """ns per element, one thread, of the whole default forward and backward kernels on a batch
     small enough to stay in cache: what each element costs in arithmetic, conversions and
     per-row work when memory costs nothing. ``bench/cpu.py`` sets it against the copy's time
     per element to tell which targets better overlap could meet and which need less
-    arithmetic."""
-    fwd, bwd = _kernel_loops()
+    arithmetic. ``trees``: whose kernels (this tree's by default; each tree's names end in its
+    suffix)."""
     rows = max(16, IN_CACHE_BYTES // (3 * n * np.dtype(dtype).itemsize))
     rng = np.random.default_rng(0)
     x = rng.standard_normal((rows, n)).astype(dtype)
-    x3 = K._bits(x.reshape(1, rows, n))
-    g3 = K._bits(rng.standard_normal((1, rows, n)).astype(dtype))
-    out3 = np.empty_like(x3)
+    g = rng.standard_normal((rows, n)).astype(dtype)
     w = (1.0 + 0.1 * rng.standard_normal(n)).astype(dtype).astype(np.float64)  # as bench/cpu.py
-    w32 = K._f32_weight(g3, x3, out3, w)  # the library's dx route
-    w_floor = K._weight_floor(w, x3, out3)  # the library's y route
-    rstd_out = np.empty(rows, K._stat_dtype(np.dtype(dtype)))
     rstd = 1.0 / np.sqrt(np.mean(np.square(x.astype(np.float64)), axis=1) + 1e-6)
-    parts = np.empty((-(-rows // K.ROWS_PER_PART), n))
-    redo = np.empty(rows, np.bool_)  # rows the kernel would have written again (none here)
-    redo_dw = np.empty(parts.shape[0], np.bool_)  # parts whose dweight it would sum again
-    route = K._bwd_route_types(x3, out3, w32)
-    calls = {
-        "fwd kernel": lambda r: fwd(x3, w, out3, rstd_out, redo, w_floor, r),
-        "bwd kernel": lambda r: bwd(g3, x3, w, w32, *route, rstd, out3, parts, redo, redo_dw, r),
-    }
-    for call in calls.values():
-        call(1)  # compile
-    reps = max(2, reps // rows)  # calls per timing: about ``reps`` rows, as ``measure``
-    best = dict.fromkeys(calls, float("inf"))
-    for _ in range(rounds):
-        for name, call in calls.items():
-            t0 = time.perf_counter()
-            call(reps)
-            best[name] = min(best[name], (time.perf_counter() - t0) / (rows * n * reps) * 1e9)
-    return best
+    calls = {}
+    for suffix, kernels, _ in trees or [HERE]:
+        fwd, bwd = _kernel_loops(kernels)
+        x3, g3 = kernels._bits(x.reshape(1, rows, n)), kernels._bits(g.reshape(1, rows, n))
+        out3 = np.empty_like(x3)
+        w32 = kernels._f32_weight(g3, x3, out3, w)  # the library's dx route
+        w_floor = kernels._weight_floor(w, x3, out3)  # the library's y route
+        rstd_out = np.empty(rows, kernels._stat_dtype(np.dtype(dtype)))
+        parts = np.empty((-(-rows // kernels.ROWS_PER_PART), n))
+        redo = np.empty(rows, np.bool_)  # rows the kernel would have written again (none here)
+        redo_dw = np.empty(parts.shape[0], np.bool_)  # parts whose dweight it would sum again
+        route = kernels._bwd_route_types(x3, out3, w32)
+        calls["fwd kernel" + suffix] = lambda r, a=(fwd, x3, w, out3, rstd_out, redo, w_floor): (
+            a[0](*a[1:], r))
+        calls["bwd kernel" + suffix] = lambda r, a=(bwd, g3, x3, w, w32, *route, rstd, out3,
+                                                    parts, redo, redo_dw): a[0](*a[1:], r)
+    return _best(calls, max(2, reps // rows), rounds, rows * n)  # about ``reps`` rows a timing
 
 
-def measure(dtype: np.dtype, n: int, reps: int, rounds: int) -> dict[str, float]:
-    """ns per element of each helper for ``dtype`` rows of length n (minimum over rounds)."""
-    sumsq, encode_exact, fwd_row, write_row, bwd_row, add_fwd_row, add_bwd_row = _kernels()
+def measure(dtype: np.dtype, n: int, reps: int, rounds: int,
+            trees: list[Tree] | None = None) -> dict[str, float]:
+    """ns per element of each helper for ``dtype`` rows of length n (minimum over rounds), of
+    each of ``trees`` (this tree's by default; each tree's names end in its suffix)."""
     rng = np.random.default_rng(0)
-    x3 = K._bits(rng.standard_normal((1, 2, n)).astype(dtype))
-    g3 = K._bits(rng.standard_normal((1, 2, n)).astype(dtype))
-    r3 = K._bits(rng.standard_normal((1, 2, n)).astype(dtype))
-    y3, res3 = np.empty_like(x3), np.empty_like(x3)
+    x, g, r = (rng.standard_normal((1, 2, n)).astype(dtype) for _ in range(3))
     w = rng.standard_normal(n).astype(dtype).astype(np.float64)  # a weight in x's dtype
-    w32 = K._f32_weight(g3, x3, y3, w)  # the library's dx route
-    w_floor = K._weight_floor(w, x3, y3)  # the library's y route
-    parts = np.zeros((1, n))
-    calls = {
-        "sumsq": lambda r: sumsq(x3, r),
-        "encode exact": lambda r: encode_exact(x3, w, y3, r),
-        "fwd row": lambda r: fwd_row(x3, w, y3, w_floor, r),
-        "write row": lambda r: write_row(x3, w, y3, r),
-        "bwd row": lambda r: bwd_row(g3, x3, w, w32, y3, parts, *K._bwd_route_types(x3, y3, w32),
-                                     r),
-        "add fwd row": lambda r: add_fwd_row(x3, r3, w, K._add_f32_weight(w, x3, r3, y3), y3,
-                                             res3, K._add_by_cpu(x3, r3, y3, res3), r),
-        "add bwd row": lambda r: add_bwd_row(g3, x3, r3, w, y3, res3, parts,
-                                             K._add_by_cpu(x3, r3, y3, res3), r),
-    }
-    for call in calls.values():
-        call(1)  # compile
-    best = dict.fromkeys(calls, float("inf"))
-    for _ in range(rounds):
-        for name, call in calls.items():
-            t0 = time.perf_counter()
-            call(reps)
-            best[name] = min(best[name], (time.perf_counter() - t0) / (n * reps) * 1e9)
-    return best
+    calls = {}
+    for suffix, kernels, halfbits in trees or [HERE]:
+        sumsq, encode_exact, fwd_row, write_row, bwd_row, add_fwd_row, add_bwd_row = (
+            _kernels(kernels, halfbits))
+        x3, g3, r3 = kernels._bits(x), kernels._bits(g), kernels._bits(r)
+        y3, res3 = np.empty_like(x3), np.empty_like(x3)
+        w32 = kernels._f32_weight(g3, x3, y3, w)  # the library's dx route
+        w_floor = kernels._weight_floor(w, x3, y3)  # the library's y route
+        ww = kernels._add_f32_weight(w, x3, r3, y3)
+        hw = kernels._add_by_cpu(x3, r3, y3, res3)
+        route = kernels._bwd_route_types(x3, y3, w32)
+        parts = np.zeros((1, n))
+        for name, f, a in [
+            ("sumsq", sumsq, (x3,)),
+            ("encode exact", encode_exact, (x3, w, y3)),
+            ("fwd row", fwd_row, (x3, w, y3, w_floor)),
+            ("write row", write_row, (x3, w, y3)),
+            ("bwd row", bwd_row, (g3, x3, w, w32, y3, parts, *route)),
+            ("add fwd row", add_fwd_row, (x3, r3, w, ww, y3, res3, hw)),
+            ("add bwd row", add_bwd_row, (g3, x3, r3, w, y3, res3, parts, hw)),
+        ]:
+            calls[name + suffix] = lambda k, f=f, a=a: f(*a, k)
+    return _best(calls, reps, rounds, n)
 
 
 def main() -> None:
@@ -230,14 +274,25 @@ def main() -> None:
     p.add_argument("--n", type=int, default=4096, help="row length (a multiple of 64)")
     p.add_argument("--reps", type=int, default=500, help="calls per timing")
     p.add_argument("--rounds", type=int, default=15, help="interleaved rounds (minimum)")
+    p.add_argument("--against", metavar="REV", default=None,
+                   help="also time commit REV's helpers, in the same rounds, and their ratio")
     args = p.parse_args()
+    trees = [HERE] + ([tree_at(args.against)] if args.against else [])
     dtypes = {"bfloat16": rmsref.bfloat16, "float16": np.dtype(np.float16),
               "float32": np.dtype(np.float32), "float64": np.dtype(np.float64)}
     print(f"ns per element, one thread, in cache, N = {args.n}, min of {args.rounds} rounds; "
           f"load average {os.getloadavg()[0]:.2f}")
-    rows = {name: measure(dtypes[name], args.n, args.reps, args.rounds)
-               | in_cache(dtypes[name], args.n, args.reps, args.rounds)
-            for name in args.dtypes.split(",")}
+    rows = {}
+    for name in args.dtypes.split(","):
+        got = (measure(dtypes[name], args.n, args.reps, args.rounds, trees)
+               | in_cache(dtypes[name], args.n, args.reps, args.rounds, trees))
+        for suffix, _, _ in trees:  # one row per tree, the names without the suffix
+            rows[name + suffix] = {c[:len(c) - len(suffix)]: v for c, v in got.items()
+                                   if c.endswith(suffix) and (suffix or not c.endswith(
+                                       tuple(t[0] for t in trees[1:])))}
+        if args.against:
+            this, rev = rows[name], rows[name + trees[1][0]]
+            rows[f"{name}: this / {args.against}"] = {c: this[c] / rev[c] for c in this}
     cols = list(next(iter(rows.values())))
     print("| dtype | " + " | ".join(cols) + " |")
     print("|---|" + "---:|" * len(cols))

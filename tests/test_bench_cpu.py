@@ -290,3 +290,32 @@ def test_halfbwd_runs_for_every_dtype(capsys):
     shipped32 = next(line for line in out.splitlines() if line.startswith("| shipped float32"))
     assert shipped32.endswith("| - |"), shipped32
     assert "| float16 | dy = y, w = 1 | compensated float32 dx |" in out
+
+
+def test_halfrow_imports_another_commits_kernels_beside_these(tmp_path):
+    """``bench/halfrow.py --against REV``: REV's rmsref, exported by git, is imported as a
+    package of its own (``rmsref_rev``), its modules apart from this tree's, with none of its
+    imports left pointing at this tree's rmsref."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    if subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"],
+                      capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout: --against needs git")
+    sys.path.insert(0, str(root))
+    try:
+        from bench.halfrow import HERE, tree_at
+    finally:
+        sys.path.remove(str(root))
+    try:
+        suffix, kernels, halfbits = tree_at("HEAD", tmp_path)
+    finally:
+        if str(tmp_path) in sys.path:
+            sys.path.remove(str(tmp_path))
+    assert suffix == " HEAD"
+    assert kernels.__name__ == "rmsref_rev.kernels.numba_cpu"
+    assert halfbits.__name__ == "rmsref_rev.kernels._halfbits"
+    assert kernels is not HERE[1] and kernels._bits is not HERE[1]._bits
+    assert Path(kernels.__file__).parent != Path(HERE[1].__file__).parent
+    source = Path(kernels.__file__).read_text()
+    assert "from rmsref." not in source and "from rmsref_rev." in source
