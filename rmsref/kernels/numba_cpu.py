@@ -660,8 +660,8 @@ def _rms_write(x3, b, i, w, ww, bias, has_bias, y3, rstd_s, k):
             y3[b, i, j] = from_work(yj, y3)
             outside |= outside_work(yj, y3)
             key = note_magnitude(key, x3[b, i, j], x3, y3)
-        if outside or lost_in_row(key, rstd_w, x3, y3):  # a rare row: written again in
-            # float64, rounded by from_f64
+        # a rare row: written again in float64, rounded by from_f64
+        if outside or lost_in_row(key, rstd_w, x3, y3):
             _rms_write_general(x3, b, i, w, bias, has_bias, y3, rstd_s, k)  # (False, 0)
     else:
         _rms_write_general(x3, b, i, w, bias, has_bias, y3, rstd_s, k)
@@ -742,8 +742,7 @@ def _y_lanes(x3, b, i, j0, ww, y3, rstd_w, check_y, keys):
     ``store_lanes``; the block's x_j go into ``keys`` (``magnitude_key``) for the row's bound
     ``_y_normal``, in place of tests of each x·rstd for underflow (which cost as much as the
     rounding, bench/halfrow.py) and of each y_j for a subnormal (which the store flushes).
-    Eqs. (3)-(4). Returns whether, with
-    ``check_y``, a y_j is inf or NaN."""
+    Eqs. (3)-(4). Returns whether, with ``check_y``, a y_j is inf or NaN."""
     y_l = _lanes32()
     outside = False
     for lane in range(LANES):
