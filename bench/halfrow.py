@@ -71,8 +71,11 @@ def tree_at(rev: str, folder: Path | None = None) -> Tree:
     default, put on ``sys.path``) as package ``rmsref_rev`` (its imports of rmsref rewritten),
     so both trees' kernels compile and run in this process."""
     folder = folder or Path(tempfile.mkdtemp(prefix="halfrow-"))
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "rmsref"],
-                             capture_output=True, check=True).stdout
+    git = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "rmsref"], capture_output=True)
+    if git.returncode != 0:
+        raise SystemExit(f"halfrow.py: --against {rev!r}: git archive failed: "
+                         f"{git.stderr.decode(errors='replace').strip()}")
+    archive = git.stdout
     subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
     (folder / "rmsref").rename(folder / "rmsref_rev")
     for path in (folder / "rmsref_rev").rglob("*.py"):
@@ -189,9 +192,10 @@ def _kernel_loops(K: ModuleType = K):
 IN_CACHE_BYTES = 1 << 19
 
 
-def _best(calls: dict, reps: int, rounds: int, elements: int) -> dict[str, float]:
-    """ns per element of each call (``reps`` calls' worth of ``elements``), the minimum over
-    ``rounds`` rounds that take every call in turn; each is called once first (compiling)."""
+def _best(calls: dict, reps: int, rounds: int, elements: int) -> dict[str, dict[str, float]]:
+    """ns per element of each call (keyed (tree suffix, name); ``reps`` calls' worth of
+    ``elements``), the minimum over ``rounds`` rounds that take every call in turn, by tree
+    suffix then name; each is called once first (compiling)."""
     for call in calls.values():
         call(1)
     best = dict.fromkeys(calls, float("inf"))
@@ -200,17 +204,24 @@ def _best(calls: dict, reps: int, rounds: int, elements: int) -> dict[str, float
             t0 = time.perf_counter()
             call(reps)
             best[name] = min(best[name], (time.perf_counter() - t0) / (elements * reps) * 1e9)
-    return best
+    by_tree: dict[str, dict[str, float]] = {}
+    for (suffix, name), ns in best.items():
+        by_tree.setdefault(suffix, {})[name] = ns
+    return by_tree
 
 
-def in_cache(dtype: np.dtype, n: int, reps: int, rounds: int,
-             trees: list[Tree] | None = None) -> dict[str, float]:
+def in_cache(dtype: np.dtype, n: int, reps: int, rounds: int) -> dict[str, float]:
+    """``in_cache_of`` this tree's kernels alone."""
+    return in_cache_of(dtype, n, reps, rounds, [HERE])[""]
+
+
+def in_cache_of(dtype: np.dtype, n: int, reps: int, rounds: int,
+                trees: list[Tree]) -> dict[str, dict[str, float]]:
     """ns per element, one thread, of the whole default forward and backward kernels on a batch
     small enough to stay in cache: what each element costs in arithmetic, conversions and
     per-row work when memory costs nothing. ``bench/cpu.py`` sets it against the copy's time
     per element to tell which targets better overlap could meet and which need less
-    arithmetic. ``trees``: whose kernels (this tree's by default; each tree's names end in its
-    suffix)."""
+    arithmetic. For each of ``trees`` (by its suffix), timed in the same rounds."""
     rows = max(16, IN_CACHE_BYTES // (3 * n * np.dtype(dtype).itemsize))
     rng = np.random.default_rng(0)
     x = rng.standard_normal((rows, n)).astype(dtype)
@@ -218,7 +229,7 @@ def in_cache(dtype: np.dtype, n: int, reps: int, rounds: int,
     w = (1.0 + 0.1 * rng.standard_normal(n)).astype(dtype).astype(np.float64)  # as bench/cpu.py
     rstd = 1.0 / np.sqrt(np.mean(np.square(x.astype(np.float64)), axis=1) + 1e-6)
     calls = {}
-    for suffix, kernels, _ in trees or [HERE]:
+    for suffix, kernels, _ in trees:
         fwd, bwd = _kernel_loops(kernels)
         x3, g3 = kernels._bits(x.reshape(1, rows, n)), kernels._bits(g.reshape(1, rows, n))
         out3 = np.empty_like(x3)
@@ -229,22 +240,22 @@ def in_cache(dtype: np.dtype, n: int, reps: int, rounds: int,
         redo = np.empty(rows, np.bool_)  # rows the kernel would have written again (none here)
         redo_dw = np.empty(parts.shape[0], np.bool_)  # parts whose dweight it would sum again
         route = kernels._bwd_route_types(x3, out3, w32)
-        calls["fwd kernel" + suffix] = lambda r, a=(fwd, x3, w, out3, rstd_out, redo, w_floor): (
+        calls[suffix, "fwd kernel"] = lambda r, a=(fwd, x3, w, out3, rstd_out, redo, w_floor): (
             a[0](*a[1:], r))
-        calls["bwd kernel" + suffix] = lambda r, a=(bwd, g3, x3, w, w32, *route, rstd, out3,
-                                                    parts, redo, redo_dw): a[0](*a[1:], r)
+        calls[suffix, "bwd kernel"] = lambda r, a=(bwd, g3, x3, w, w32, *route, rstd, out3,
+                                                   parts, redo, redo_dw): a[0](*a[1:], r)
     return _best(calls, max(2, reps // rows), rounds, rows * n)  # about ``reps`` rows a timing
 
 
 def measure(dtype: np.dtype, n: int, reps: int, rounds: int,
-            trees: list[Tree] | None = None) -> dict[str, float]:
+            trees: list[Tree]) -> dict[str, dict[str, float]]:
     """ns per element of each helper for ``dtype`` rows of length n (minimum over rounds), of
-    each of ``trees`` (this tree's by default; each tree's names end in its suffix)."""
+    each of ``trees`` (by its suffix), timed in the same rounds."""
     rng = np.random.default_rng(0)
     x, g, r = (rng.standard_normal((1, 2, n)).astype(dtype) for _ in range(3))
     w = rng.standard_normal(n).astype(dtype).astype(np.float64)  # a weight in x's dtype
     calls = {}
-    for suffix, kernels, halfbits in trees or [HERE]:
+    for suffix, kernels, halfbits in trees:
         sumsq, encode_exact, fwd_row, write_row, bwd_row, add_fwd_row, add_bwd_row = (
             _kernels(kernels, halfbits))
         x3, g3, r3 = kernels._bits(x), kernels._bits(g), kernels._bits(r)
@@ -264,7 +275,7 @@ def measure(dtype: np.dtype, n: int, reps: int, rounds: int,
             ("add fwd row", add_fwd_row, (x3, r3, w, ww, y3, res3, hw)),
             ("add bwd row", add_bwd_row, (g3, x3, r3, w, y3, res3, parts, hw)),
         ]:
-            calls[name + suffix] = lambda k, f=f, a=a: f(*a, k)
+            calls[suffix, name] = lambda k, f=f, a=a: f(*a, k)
     return _best(calls, reps, rounds, n)
 
 
@@ -284,12 +295,10 @@ def main() -> None:
           f"load average {os.getloadavg()[0]:.2f}")
     rows = {}
     for name in args.dtypes.split(","):
-        got = (measure(dtypes[name], args.n, args.reps, args.rounds, trees)
-               | in_cache(dtypes[name], args.n, args.reps, args.rounds, trees))
-        for suffix, _, _ in trees:  # one row per tree, the names without the suffix
-            rows[name + suffix] = {c[:len(c) - len(suffix)]: v for c, v in got.items()
-                                   if c.endswith(suffix) and (suffix or not c.endswith(
-                                       tuple(t[0] for t in trees[1:])))}
+        helpers = measure(dtypes[name], args.n, args.reps, args.rounds, trees)
+        kernels = in_cache_of(dtypes[name], args.n, args.reps, args.rounds, trees)
+        for suffix, _, _ in trees:  # one row per tree
+            rows[name + suffix] = helpers[suffix] | kernels[suffix]
         if args.against:
             this, rev = rows[name], rows[name + trees[1][0]]
             rows[f"{name}: this / {args.against}"] = {c: this[c] / rev[c] for c in this}
