@@ -211,7 +211,7 @@ class Comparison:
 def _measure(c: Comparison, err: np.ndarray, out_dtype: Any) -> Comparison:
     """Fill ``c``'s figures from the (rows, N) errors and ratios."""
     exact, ratios = c.reference, c.ratios
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # inf: beyond count
         rel = np.where(err == 0, 0.0, err / np.abs(exact))
         ulps = np.where(err == 0, 0.0, err / tol.ulp(exact, out_dtype))
     if ratios.size:
@@ -238,7 +238,7 @@ def compare(quantity: Quantity, got: Any, ref: Reference, model: tol.ErrorModel,
     err = tol.abs_error(actual, exact)
     if mask_rows is not None:
         err = np.where(mask_rows[:, None], err, 0.0)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # inf: beyond count
         ratios = np.where(err == 0, 0.0, err / bound)
     c = Comparison(quantity, ratios=ratios, reference=exact, bound=bound)
     return _measure(c, err, model.out_dtype)
@@ -255,7 +255,7 @@ def compare_rounded(name: str, got: Any, exact: Any, dtype: Any, roundings: int 
     actual = np.asarray(got, dtype=np.float64).reshape(exact.shape)
     bound = roundings * (tol.unit_roundoff(dtype) * np.abs(exact) + tol.underflow_atol(dtype))
     err = tol.abs_error(actual, exact)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # inf: beyond count
         ratios = np.where(err == 0, 0.0, err / bound)
     c = Comparison(name, ratios=ratios, reference=exact, bound=bound)
     return _measure(c, err, dtype)

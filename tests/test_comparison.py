@@ -128,3 +128,15 @@ def test_compare_where_the_exact_value_is_zero_is_silent_and_finite(rng):
         bad = compare("y", got, ref, model)
     assert ok.passed and (ok.ratio, ok.max_rel, ok.max_ulp) == (0.0, 0.0, 0.0)
     assert bad.ratio == np.inf and bad.max_rel == np.inf and bad.worst == (1, 3)
+
+
+def test_an_error_too_many_ulps_to_count_is_inf_with_no_warning():
+    """An error of 1e300 where the exact value is 1e-300: error over bound and over the ulp
+    overflow float64. The figures are inf (never within the bound), and no floating-point
+    warning reaches the user (the planted bug ``torch_always_float32`` printed one)."""
+    exact = np.array([[1e-300, 1.0]])
+    got = np.array([[1e300, 1.0]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        c = rmsref.comparison.compare_rounded("h", got, exact, np.float64)
+    assert c.ratio == np.inf and c.max_ulp == np.inf and c.worst == (0, 0) and not c.passed
