@@ -468,7 +468,10 @@ def test_layer_norm_float64_limitation():
 
 # ------------------------------------------------------------------- residual, LayerNorm
 @pytest.mark.parametrize("dtype", [np.dtype(np.float32), rmsref.bfloat16], ids=["f32", "bf16"])
-@pytest.mark.parametrize("rounding", ["fp32-sum", "rounded-sum"])
+@pytest.mark.parametrize("rounding", [
+    "fp32-sum",
+    pytest.param("rounded-sum", marks=pytest.mark.slow),  # kernels of their own (budget)
+])
 def test_add_rms_norm(dtype, rounding, rng):
     """Fused residual add + RMSNorm forward and backward, both meanings of the sum; the
     backward with and without the forward's saved rstd (the pipelined kernel, the training

@@ -276,6 +276,7 @@ def test_the_forward_tests_y_for_inf_and_nan_where_the_weight_allows_them(dtype)
         assert np.isnan(y0).all() if np.isnan(w0) else (y0 == np.float32(2 * w0)).all()
 
 
+@pytest.mark.slow  # compiles float64 kernels, which the default run leaves to `pytest -m slow`
 def test_layer_norm_rows_written_again_have_the_oracle_bits(rng):
     """float64 x with a bfloat16 output: y is computed in float64 and rounded by integer
     arithmetic that is exact only in bfloat16's normal range, so rows with a y below it (a
@@ -1015,7 +1016,11 @@ def test_subnormal_bfloat16_fused_add_outputs_keep_their_bits(rng):
         np.testing.assert_array_equal(res3[0], new_res.view(np.int16))
 
 
-@pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float16)], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("dtype", [
+    pytest.param(BF16, id="bfloat16"),
+    pytest.param(np.dtype(np.float16), id="float16",
+                 marks=pytest.mark.slow),  # the fused float16 kernels: the default run's budget
+])
 def test_the_fused_backward_rows_written_again_have_the_general_bits(rng, monkeypatch, dtype):
     """The fused add's pipelined backward (a saved rstd) rounds dh through float32, a bfloat16
     block by the CPU where ``_add_by_cpu`` allows; a row with a subnormal dh (row 5, which

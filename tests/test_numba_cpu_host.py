@@ -394,23 +394,26 @@ def test_a_negative_zero_weight_keeps_its_sign(rng):
     assert np.all(np.signbit(y)) and _same_bits(y, rmsref.rms_norm(x, 8, w))
 
 
-def test_eps_offset_and_rounding_reach_the_fused_add_kernels(small):
+@pytest.mark.parametrize("rounding", [
+    "fp32-sum",
+    pytest.param("rounded-sum", marks=pytest.mark.slow),  # kernels of their own (budget)
+])
+def test_eps_offset_and_rounding_reach_the_fused_add_kernels(small, rounding):
     x, dy, r, w, _ = small
     x32, r32, dy32, w32 = x, r, dy, w
-    for rounding in ("fp32-sum", "rounded-sum"):
-        kw = dict(eps=0.05, offset=1.0, rounding=rounding)
-        got = K.add_rms_norm_forward(x32, r32, 16, w32, **kw)
-        want = rmsref.add_rms_norm_forward(x32, r32, 16, w32, **kw)
-        for a, c, what in zip(got, want, ("y", "h", "rstd"), strict=True):
-            _close(a, c, f"{what}, {rounding}")
-        y, h = K.add_rms_norm(x32, r32, 16, w32, **kw)
-        assert _same_bits(y, got[0]) and _same_bits(h, got[1]), "add_rms_norm's arguments"
-        for saved, dro in ((None, dy32), (got[2], None)):
-            g = K.add_rms_norm_backward(dy32, dro, x32, r32, 16, w32, rstd=saved, **kw)
-            exp = rmsref.add_rms_norm_backward(dy32, dro, x32, r32, 16, w32, rstd=saved, **kw)
-            for q in ("dx", "dresidual", "dweight"):
-                what = f"{q}, {rounding}, saved rstd: {saved is not None}"
-                _close(getattr(g, q), getattr(exp, q), what)
+    kw = dict(eps=0.05, offset=1.0, rounding=rounding)
+    got = K.add_rms_norm_forward(x32, r32, 16, w32, **kw)
+    want = rmsref.add_rms_norm_forward(x32, r32, 16, w32, **kw)
+    for a, c, what in zip(got, want, ("y", "h", "rstd"), strict=True):
+        _close(a, c, f"{what}, {rounding}")
+    y, h = K.add_rms_norm(x32, r32, 16, w32, **kw)
+    assert _same_bits(y, got[0]) and _same_bits(h, got[1]), "add_rms_norm's arguments"
+    for saved, dro in ((None, dy32), (got[2], None)):
+        g = K.add_rms_norm_backward(dy32, dro, x32, r32, 16, w32, rstd=saved, **kw)
+        exp = rmsref.add_rms_norm_backward(dy32, dro, x32, r32, 16, w32, rstd=saved, **kw)
+        for q in ("dx", "dresidual", "dweight"):
+            what = f"{q}, {rounding}, saved rstd: {saved is not None}"
+            _close(getattr(g, q), getattr(exp, q), what)
     for saved in (None, K.add_rms_norm_forward(x32, r32, 16)[2]):  # no weight: ones
         _close(K.add_rms_norm(x32, r32, 16)[0], rmsref.add_rms_norm(x32, r32, 16)[0], "y")
         g = K.add_rms_norm_backward(dy32, None, x32, r32, 16, rstd=saved)

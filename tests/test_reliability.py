@@ -46,6 +46,7 @@ EXTREME_ROWS = [
 ]
 
 
+@pytest.mark.slow  # compiles float64 kernels, which the default run leaves to `pytest -m slow`
 @pytest.mark.parametrize("x, dy, eps", EXTREME_ROWS)
 def test_numba_cpu_backward_with_saved_rstd_is_overflow_safe(nc, x, dy, eps):
     """Reference: the oracle's dx with the same saved rstd; bound 1e-13 relative (a few ulps
@@ -63,6 +64,7 @@ def test_numba_cpu_backward_with_saved_rstd_is_overflow_safe(nc, x, dy, eps):
     assert _rel(got_nw.dx, ref_nw.dx) < 1e-13
 
 
+@pytest.mark.slow  # compiles float64 kernels, which the default run leaves to `pytest -m slow`
 @pytest.mark.parametrize("x, dy, eps", EXTREME_ROWS)
 def test_numba_cpu_add_rms_norm_backward_with_saved_rstd_is_overflow_safe(nc, x, dy, eps):
     """Reference: the oracle's fused backward with the same saved rstd (residual zero)."""
@@ -168,6 +170,7 @@ def test_masked_arrays_are_refused_by_name(impl, which):
 # ---------------------------------------------------------------------------------------------
 # 5. an all-zero row with eps = 0 in numba_cpu: NaN as the oracle, no SystemError
 # ---------------------------------------------------------------------------------------------
+@pytest.mark.slow  # compiles float64 kernels, which the default run leaves to `pytest -m slow`
 @pytest.mark.parametrize("zero", [0.0, -0.0])
 def test_numba_cpu_zero_row_with_zero_eps_is_nan_like_the_oracle(nc, zero):
     x = np.full((2, 8), zero)
@@ -235,10 +238,11 @@ def test_np_matrix_is_used_as_an_ndarray(impl):
     if impl == "numba_cpu":
         pytest.importorskip("numba")
     mod = rmsref.backend(impl)
-    a = np.array([[1.0, 2.0, 3.0], [4.0, -5.0, 6.0]])
-    y = mod.rms_norm(np.matrix(a), 3, np.matrix([1.0, 2.0, 3.0]).A1, 1e-5)
-    assert type(y) is np.ndarray
-    np.testing.assert_array_equal(y, mod.rms_norm(a, 3, np.array([1.0, 2.0, 3.0]), 1e-5))
+    a = np.array([[1.0, 2.0, 3.0], [4.0, -5.0, 6.0]], np.float32)  # the default run's kernels
+    w = np.array([1.0, 2.0, 3.0], np.float32)
+    y = mod.rms_norm(np.matrix(a), 3, np.matrix(w).A1, 1e-5)
+    assert type(y) is np.ndarray and y.dtype == np.float32
+    np.testing.assert_array_equal(y, mod.rms_norm(a, 3, w, 1e-5))
     g = mod.rms_norm_backward(np.matrix(a), np.matrix(a), 3, None, 1e-5)
     np.testing.assert_array_equal(g.dx, mod.rms_norm_backward(a, a, 3, None, 1e-5).dx)
     with pytest.raises(TypeError, match="out must be a NumPy ndarray"):
@@ -413,6 +417,7 @@ def test_big_endian_inputs_are_converted():
     (np.array([[1.70901312e73, 7.43063395e73, -4.36591310e71]]),
      np.array([[3.48675319e284, -1.83009696e283, -5.96498237e283]])),
 ], ids=["N1", "N3"])
+@pytest.mark.slow  # compiles float64 kernels, which the default run leaves to `pytest -m slow`
 def test_numba_cpu_backward_with_a_huge_dy(nc, x, dy):
     """Reference: the oracle (which sums dxhat·xhat, in range); bound 1e-13 relative."""
     n = x.shape[1]
@@ -432,7 +437,10 @@ def test_numba_cpu_backward_with_a_huge_dy(nc, x, dy):
 # found by the fuzz suite: pRMSNorm scaled a float64 row by its largest element overall, not
 # by the largest of the K features that feed the statistic, and lost them to underflow
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("impl", ["numpy", "numba_cpu"])
+@pytest.mark.parametrize("impl", [
+    "numpy",
+    pytest.param("numba_cpu", marks=pytest.mark.slow),  # float64 kernels: `pytest -m slow`
+])
 def test_partial_rms_norm_scales_by_the_features_it_uses(impl):
     """Exact: rstd = 1/|x_0| (K = 1), y = x·rstd; 1e-15 relative (float64 rounding)."""
     if impl == "numba_cpu":
@@ -448,6 +456,7 @@ def test_partial_rms_norm_scales_by_the_features_it_uses(impl):
     (np.array([[-1.3478236897427788e-66]]), np.array([[-1.7225425157140511e-276]])),
     (np.array([[5.2771493551993435e-30, 1e-30]]), np.array([[5.010019798190967e-113, 0.0]])),
 ], ids=["N1", "N2"])
+@pytest.mark.slow  # compiles float64 kernels, which the default run leaves to `pytest -m slow`
 def test_numba_cpu_backward_with_a_tiny_dy(nc, x, dy):
     """Σ dxhat·x underflowed to 0 and the projection term was lost (found by the fuzz suite).
     Reference: the oracle; bound 1e-15 of the terms rstd·|dxhat| (the tolerance model's M)."""
