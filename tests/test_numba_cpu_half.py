@@ -276,6 +276,47 @@ def test_the_forward_tests_y_for_inf_and_nan_where_the_weight_allows_them(dtype)
         assert np.isnan(y0).all() if np.isnan(w0) else (y0 == np.float32(2 * w0)).all()
 
 
+@pytest.mark.parametrize("dtype", [
+    pytest.param(BF16, id="bfloat16"),
+    pytest.param(np.dtype(np.float16), id="float16",
+                 marks=pytest.mark.slow),  # the fused float16 kernels: the default run's budget
+])
+def test_the_fused_add_flags_a_row_with_an_inf_y_without_testing_each(dtype):
+    """The fused add's float32 y route tests each row for an inf or NaN y once
+    (``_y_finite_row``: Σh² and float32(rstd) finite) where the weight rules out an inf
+    otherwise (``_y_bounded``), and writes every row again in float64 where it does not.
+    x = (1, 0, 0, 0), residual 0, eps = 0: rstd = 2 exactly (40 rows, the pipelined loop), and
+    y_0 = 2·w_0. Weights beyond the bound: w_0 just below T/2, T the bfloat16 tie between the
+    largest finite value and inf, whose float32 y_0 = T goes to inf while the oracle's rounds
+    to the largest finite value; a NaN weight with every payload bit set; inf. In range: a
+    quarter of the largest value. And (bfloat16) a row of x = 2^-133 (subnormal), whose
+    rstd = 2^133 is inf in float32: every y would be inf there, and the oracle's is w. Each
+    y has the oracle's bits."""
+    n = 4
+    x = np.tile(np.array([1.0, 0.0, 0.0, 0.0]), (40, 1)).astype(dtype)
+    r = np.zeros_like(x)
+    largest = float(ml_dtypes.finfo(dtype).max)
+    tie = 2.0**128 - 2.0**119
+    full_nan = np.array([0x7FFF_FFFF_FFFF_FFFF], np.uint64).view(np.float64)[0]
+    for w0 in (tie / 2 * (1.0 - 2.0**-40), full_nan, np.inf, largest / 4):
+        w = np.array([w0, 1.0, 1.0, 1.0])
+        assert K._y_bounded(w, K._bits(x)) == (w0 == largest / 4)
+        y, h, _ = K.add_rms_norm_forward(x, r, n, w, eps=0.0)
+        want, want_h, _ = rmsref.add_rms_norm_forward(x, r, n, w, eps=0.0)
+        np.testing.assert_array_equal(y.view(np.uint16), want.view(np.uint16), err_msg=w0)
+        np.testing.assert_array_equal(h.view(np.uint16), want_h.view(np.uint16))
+        if dtype == BF16 and w0 < np.inf and w0 > largest / 4:  # the float32 y_0 is inf
+            assert (want.astype(np.float32)[:, 0] == largest).all()
+    if dtype == BF16:
+        x[7] = 2.0**-133
+        w = np.array([1.0, 2.0, 3.0, 0.5])
+        y, _, rstd = K.add_rms_norm_forward(x, r, n, w, eps=0.0)
+        want, _, _ = rmsref.add_rms_norm_forward(x, r, n, w, eps=0.0)
+        assert rstd.dtype == np.float32 and np.isinf(rstd.reshape(-1)[7])  # 2^133, saved in float32
+        np.testing.assert_array_equal(y.view(np.uint16), want.view(np.uint16))
+        assert (want.astype(np.float64)[7] == w).all()
+
+
 @pytest.mark.slow  # compiles float64 kernels, which the default run leaves to `pytest -m slow`
 def test_layer_norm_rows_written_again_have_the_oracle_bits(rng):
     """float64 x with a bfloat16 output: y is computed in float64 and rounded by integer

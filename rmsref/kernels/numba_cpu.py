@@ -1709,13 +1709,16 @@ def _add_write_and_sumsq(x3, r3, like, b, i, w, ww, y3, rstd_s, res3, b1, i1, hw
     y in float64 rounded to the working precision (``as_work``), as RMSNorm's dx; or the
     weight in float32 (``_add_f32_weight``), y in float32 arithmetic as RMSNorm's,
     fl(fl(fl32(h)·fl(rstd))·w'), a row with an h·rstd lost to underflow (``lost_in_row``)
-    flagged as one with an inf. The new residual is rounded by ``sum_to``.
+    flagged; its y are not tested for inf and NaN one by one (``_y_finite_row`` tests the
+    row). On the float64 route each y is tested (``outside_work``: also a bfloat16 y below
+    the normal range, which the integer rounding cannot round). The new residual is rounded
+    by ``sum_to``.
     ``hw``: None, or True where x, the residual and both outputs are C-contiguous bfloat16
     and the CPU rounds (``_add_by_cpu``): y and the new residual (``sum_to``'s float32 h)
-    are rounded by ``store_lanes_flushed``. Returns (Σh² of row
-    (b1, i1), whether y needs ``_add_write_scaled_row``, whether a y of row (b, i) and
-    whether a new residual of row (b1, i1) was a float32 subnormal, which the CPU flushed:
-    ``_add_fwd_redo`` writes them again the integer way)."""
+    are rounded by ``store_lanes_flushed``. Returns (Σh² of row (b1, i1), whether y needs
+    ``_add_write_scaled_row``, whether a y of row (b, i) and whether a new
+    residual of row (b1, i1) was a float32 subnormal, which the CPU flushed: ``_add_fwd_redo``
+    writes them again the integer way)."""
     n = x3.shape[2]
     x, r, y = x3[b, i], r3[b, i], y3[b, i]  # (N,) each: row (b, i)
     x1, r1, res1 = x3[b1, i1], r3[b1, i1], res3[b1, i1]  # row (b1, i1)
@@ -1745,7 +1748,8 @@ def _add_write_and_sumsq(x3, r3, like, b, i, w, ww, y3, rstd_s, res3, b1, i1, hw
                 y[j] = from_work(yj, y3)
             else:
                 y_blk[lane] = yj
-            outside |= outside_work(yj, y3)
+            if ww is None:  # (the float32 route's test is one per row: ``_y_finite_row``)
+                outside |= outside_work(yj, y3)
         if hw is not None:
             y_flushed |= store_lanes_flushed(y_blk, y3, (b, i, j0))
         for lane in range(LANES):  # a loop of its own, as in ``_write_and_sumsq``
@@ -1767,7 +1771,8 @@ def _add_write_and_sumsq(x3, r3, like, b, i, w, ww, y3, rstd_s, res3, b1, i1, hw
             yj = np.float32(h) * rstd_w * ww[j]
             keys[lane] = note_magnitude(keys[lane], np.float32(h), x3, y3)
         y[j] = from_work(yj, y3)
-        outside |= outside_work(yj, y3)
+        if ww is None:
+            outside |= outside_work(yj, y3)
         h = _h_of(x1[j], r1[j], like)
         res1[j] = sum_to(h, x3, r3, res3)
         acc[lane] += h * h
@@ -1812,6 +1817,8 @@ def _add_fwd_rows(x3, r3, like, w, ww, eps, y3, res3, rstd_out, redo, hw, t0, t1
         rstd_s = 1.0 / math.sqrt(ss / n + eps)  # (2) on h, as ``_add_rstd`` in range
         if not SS_LO <= ss <= SS_HI:
             redo[r] |= REDO_RSTD
+        if not _y_finite_row(ss, rstd_s, ww):  # an inf or NaN y, in place of testing each
+            redo[r] |= REDO_Y
         rstd_out[r] = rstd_s
         ss, outside, y_flushed, res_flushed = _add_write_and_sumsq(
             x3, r3, like, b, i, w, ww, y3, rstd_s, res3, b1, i1, hw)  # (3)-(4) of r, (1) of r + 1
@@ -1824,6 +1831,19 @@ def _add_fwd_rows(x3, r3, like, w, ww, eps, y3, res3, rstd_out, redo, hw, t0, t1
         if not math.isfinite(ss) and r + 1 < r1:
             redo[r + 1] |= REDO_RES
         b, i = b1, i1
+
+
+@njit(**_INL)
+def _y_finite_row(ss, rstd_s, ww):
+    """For the fused add's float32 route (``ww`` the float32 weight), whether no y of the row
+    is inf or NaN, given ``_y_bounded`` (``_add_rms_fwd_rows`` flags every row where the
+    weight fails it): exactly when Σh² and float32(rstd_s) are finite. Then
+    |h_j|·rstd <= sqrt(N) (Σh² >= h_j²) and |y_j| stays below half of the float32 value that
+    rounds to inf (``_y_bounded``'s argument); otherwise some y_j is inf or NaN (an inf or
+    NaN h, or any h times an inf rstd). One test per row in place of one per element (the
+    same rows flagged), as ``lost_in_row`` for underflow. True on the float64 route (``ww``
+    None), whose y are tested one by one."""
+    return ww is None or (math.isfinite(ss) and math.isfinite(np.float32(rstd_s)))
 
 
 @njit(**_PAR)
@@ -1895,6 +1915,8 @@ def _add_rms_fwd_rows(x3, r3, like, w, eps, y3, res3, rstd_out, t0, t1):
     ww = _add_f32_weight(w, x3, r3, y3)
     _add_rms_fwd(x3, r3, like, w, ww, eps, y3, res3, rstd_out, redo,
                  _add_by_cpu(x3, r3, y3, res3), t0, t1)
+    if ww is not None and not _y_bounded(w, y3):  # a weight that may take a y to inf:
+        redo[r0:r1] |= REDO_Y  # every row in float64 (``_y_finite_row`` assumes it does not)
     if redo[r0:r1].any():
         _add_fwd_redo(x3, r3, like, w, ww, eps, y3, res3, rstd_out, redo, r0, r1)
 
