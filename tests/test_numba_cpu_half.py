@@ -33,6 +33,12 @@ from rmsref.kernels import _halfbits as hb  # noqa: E402
 from rmsref.kernels import numba_cpu as K  # noqa: E402
 
 BF16 = rmsref.bfloat16
+#: The kernels' half types as a test parameter: float16 in the slow run only (the default run
+#: compiles no float16 kernel, to stay under five minutes; bfloat16 takes the same routes).
+HALF_TYPES = [
+    pytest.param(BF16, id="bfloat16"),
+    pytest.param(np.dtype(np.float16), id="float16", marks=pytest.mark.slow),
+]
 
 
 def _weights(rng, n, extreme):
@@ -175,6 +181,7 @@ def test_the_forward_routes_a_bfloat16_y_by_the_cpu_and_the_layout(rng):
         assert K._weight_floor(w, x, y) is None
 
 
+@pytest.mark.slow  # kernels for strided rows of their own: the default run's budget
 def test_the_bfloat16_forward_into_a_strided_out_has_the_same_bits(rng):
     """The pipelined forward's block store writes 64 contiguous elements (in hardware, where
     the CPU can); an ``out`` whose rows are strided takes the element-by-element loop
@@ -253,7 +260,7 @@ def test_a_value_that_rounds_to_inf_only_through_float32_is_not_inf():
     assert (want_h.dx.astype(np.float32)[:, 1] == largest).all()
 
 
-@pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float16)], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("dtype", HALF_TYPES)
 def test_the_forward_tests_y_for_inf_and_nan_where_the_weight_allows_them(dtype):
     """The pipelined forward leaves out the per-element test of y for inf and NaN when the
     weight rules them out, sqrt(N)·max|w| <= half the float32 value that rounds to inf
@@ -276,11 +283,7 @@ def test_the_forward_tests_y_for_inf_and_nan_where_the_weight_allows_them(dtype)
         assert np.isnan(y0).all() if np.isnan(w0) else (y0 == np.float32(2 * w0)).all()
 
 
-@pytest.mark.parametrize("dtype", [
-    pytest.param(BF16, id="bfloat16"),
-    pytest.param(np.dtype(np.float16), id="float16",
-                 marks=pytest.mark.slow),  # the fused float16 kernels: the default run's budget
-])
+@pytest.mark.parametrize("dtype", HALF_TYPES)
 def test_the_fused_add_flags_a_row_with_an_inf_y_without_testing_each(dtype):
     """The fused add's float32 y route tests each row for an inf or NaN y once
     (``_y_finite_row``: Σh² and float32(rstd) finite) where the weight rules out an inf
@@ -546,7 +549,7 @@ def test_the_float32_layer_norm_y_sends_rows_it_cannot_carry_to_float64():
     np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
 
 
-@pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float16)], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("dtype", HALF_TYPES)
 def test_pipelined_backward_equals_exact_path(rng, dtype):
     """dx of the pipelined backward (saved rstd, a weight, no bias) equals, bit for bit, dx of
     the path that also returns dbias (v3: the same operations, one row at a time), and so do
@@ -641,7 +644,7 @@ def test_the_float32_dx_scales_a_bfloat16_row_by_its_rstd(dtype):
         assert (gs, rs, rc) == (2.0**e, rstd * 2.0**-e, rstd * 0.375 * 2.0**e), (rstd, e)
 
 
-@pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float16)], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("dtype", HALF_TYPES)
 @pytest.mark.parametrize("kind", ["dy = y", "dy = y + 1% noise"])
 def test_the_float32_dx_keeps_the_contract_where_its_terms_cancel(rng, kind, dtype):
     """dy along y = xhat·w is the direction whose dx cancels: with w = 1 and dy = y, dx = 0 in
@@ -667,7 +670,7 @@ def test_the_float32_dx_keeps_the_contract_where_its_terms_cancel(rng, kind, dty
             _contract(f"dx, bias={bias is not None}", got, want, dtype)
 
 
-@pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float16)], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("dtype", HALF_TYPES)
 def test_the_float32_dx_keeps_the_sign_of_a_zero(rng, dtype):
     """Where dy_j = x_j = 0 (either sign) dx_j is a zero whose sign the oracle's arithmetic
     decides (g·w − xhat·c, then ·rstd); the float32 route gives the same sign in every
@@ -766,6 +769,7 @@ def test_a_saved_rstd_of_inf_gives_the_oracles_row(rng, dtype):
                                       want.dweight.astype(np.float32))
 
 
+@pytest.mark.slow  # kernels for strided rows of their own: the default run's budget
 def test_a_strided_bfloat16_backward_has_the_contiguous_bits(rng):
     """dy and x as strided views (every other column) take the float32 dx route as contiguous
     ones do, with the row bound's keys read element by element (``_halfbits.emit_block_keys``
@@ -1057,11 +1061,7 @@ def test_subnormal_bfloat16_fused_add_outputs_keep_their_bits(rng):
         np.testing.assert_array_equal(res3[0], new_res.view(np.int16))
 
 
-@pytest.mark.parametrize("dtype", [
-    pytest.param(BF16, id="bfloat16"),
-    pytest.param(np.dtype(np.float16), id="float16",
-                 marks=pytest.mark.slow),  # the fused float16 kernels: the default run's budget
-])
+@pytest.mark.parametrize("dtype", HALF_TYPES)
 def test_the_fused_backward_rows_written_again_have_the_general_bits(rng, monkeypatch, dtype):
     """The fused add's pipelined backward (a saved rstd) rounds dh through float32, a bfloat16
     block by the CPU where ``_add_by_cpu`` allows; a row with a subnormal dh (row 5, which
@@ -1112,7 +1112,7 @@ def test_the_fused_add_rounds_by_the_cpu_only_for_bfloat16_throughout():
     assert K._add_by_cpu(b3, b3, strided, b3) is None
 
 
-@pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float16)], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("dtype", HALF_TYPES)
 def test_the_pipelined_backward_flags_a_part_by_its_rows_magnitudes(rng, dtype):
     """``_rms_bwd_pipelined`` flags part p (``redo_dw[p]``) for its dweight to be summed again
     where a row of a bfloat16 part has a nonzero |dy| or |x| whose square leaves float32's
@@ -1144,10 +1144,7 @@ def test_the_pipelined_backward_flags_a_part_by_its_rows_magnitudes(rng, dtype):
     assert list(np.flatnonzero(redo_dw)) == flagged
 
 
-@pytest.mark.parametrize("dtype", [
-    pytest.param(BF16, id="bfloat16"),
-    pytest.param(np.dtype(np.float16), id="float16", marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize("dtype", HALF_TYPES)
 def test_half_outputs_mostly_equal_the_oracle(rng, dtype):
     """At a realistic shape (256 x 4096, standard normal x, dy and weight) forward y and
     backward dx, and the fused add's dx and dresidual (a standard normal residual and
@@ -1205,10 +1202,7 @@ def _contract(what, got, want, dtype):
     return equal
 
 
-@pytest.mark.parametrize("dtype", [
-    pytest.param(BF16, id="bfloat16"),
-    pytest.param(np.dtype(np.float16), id="float16", marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize("dtype", HALF_TYPES)
 def test_every_bit_pattern_keeps_the_contract(rng, dtype):
     """x holding every finite bit pattern of the half type (two layouts, see
     ``_every_pattern_rows``), with a standard normal weight and dy: y and dx of RMSNorm and
@@ -1258,10 +1252,7 @@ def test_every_bit_pattern_keeps_the_contract(rng, dtype):
                     _contract(what, got, want, dtype)
 
 
-@pytest.mark.parametrize("dtype", [
-    pytest.param(BF16, id="bfloat16"),
-    pytest.param(np.dtype(np.float16), id="float16", marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize("dtype", HALF_TYPES)
 @pytest.mark.parametrize("rounding", ["fp32-sum", "rounded-sum"])
 def test_the_new_residual_through_float32_is_rounded_once(rng, dtype, rounding):
     """The fused add stores new_residual = R(x + r) through float32 when x, r and the new
